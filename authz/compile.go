@@ -1,0 +1,664 @@
+// Package authz is the decision core: it compiles a validated policy bundle
+// into an immutable Snapshot once, and answers Resolve (which tools an agent
+// may use and see) and Decide (may this call run) from it with no I/O, no
+// clock and no globals (DESIGN.md §2, §6). Every enforcement point calls the
+// same Decide, and Resolve is Decide run at tool level, so disclosure and
+// enforcement cannot disagree.
+package authz
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/cond"
+	"github.com/toolgate/toolgate/policy"
+	"github.com/toolgate/toolgate/toolid"
+)
+
+// DefaultMode is the deployment mode of a call that names none.
+const DefaultMode = "production"
+
+// AnnouncedTool is a tool an upstream MCP server announced, joining the
+// catalog at compile time. A Tool document with the same id refines it.
+type AnnouncedTool struct {
+	ID string // canonical id, tool:<upstream>-<mapped name>
+	// Name is the name the model sees and calls (tool_prefix + announced
+	// name); it is an alias of ID.
+	Name            string
+	MCPServer       string // the upstream's name
+	SideEffectClass toolgate.SideEffectClass
+	Description     string
+}
+
+// Options are compile options; nil means none.
+type Options struct {
+	// Announced adds upstream tools to the catalog.
+	Announced []AnnouncedTool
+	// ValidateOptions are passed to Bundle.Validate.
+	ValidateOptions *policy.ValidateOptions
+}
+
+// Tool is the compiled catalog entry of one tool, as the gateway needs it.
+type Tool struct {
+	ID              string
+	Name            string // the model-visible name (alias) or the function name
+	Description     string
+	SideEffectClass toolgate.SideEffectClass
+	ControlFlow     bool
+	Idempotent      bool
+	MCPServer       string
+	Builtin         string
+	HTTP            string
+	A2AAgent        string
+	InputSchema     any
+	OutputSchema    any
+	Doc             *policy.Tool // nil for an announced tool with no document
+
+	vars map[string]any
+}
+
+type ceilingEntry struct {
+	tool  int32
+	class toolgate.SideEffectClass
+	tier  toolgate.ApprovalTier
+}
+
+type removal struct {
+	code   toolgate.Code
+	reason string
+}
+
+type modeInfo struct {
+	removed          map[int32]removal
+	mcpWriteApproval bool
+	a2aApproval      map[int32]string // tool → partner needing approval (provisional)
+}
+
+type agentInfo struct {
+	id, version, engine string
+	workspace           string
+	ceiling             map[int32]*ceilingEntry
+	order               []int32 // ceiling in declaration order
+	modes               map[string]*modeInfo
+	vars                map[string]any
+	doc                 *policy.Agent
+}
+
+type grantC struct {
+	scope policy.Scope
+	conds []*cond.Program // all must hold; none means unconditional
+	from  string          // where the grant came from, for reasons
+}
+
+type principalInfo struct {
+	id        string
+	invokeAll []grantC
+	invoke    map[int32][]grantC
+	resources map[string]map[string][]grantC // resource → action → grants
+	vars      map[string]any
+}
+
+type condC struct {
+	prog   *cond.Program
+	reason string
+}
+
+type guardC struct {
+	prog   *cond.Program
+	effect string
+	reason string
+}
+
+type policyTool struct {
+	deniedBy    string
+	allowed     bool
+	escalate    bool            // an unconditional escalation rule matches
+	escalateIf  []*cond.Program // conditional escalation rules that match
+	conditions  []condC
+	guard       []guardC
+	escalateWhy string
+}
+
+type compiledPolicy struct {
+	name                                  string
+	agents, instances, envs, modes        map[string]bool // nil: all
+	allowlist                             bool
+	requiresHuman                         bool
+	perTool                               []policyTool
+}
+
+func (p *compiledPolicy) applies(agent, instance, env, mode string) bool {
+	return (p.agents == nil || p.agents[agent]) &&
+		(p.instances == nil || p.instances[instance]) &&
+		(p.envs == nil || p.envs[env]) &&
+		(p.modes == nil || p.modes[mode])
+}
+
+// Snapshot is a compiled bundle: immutable, shared by all goroutines. A
+// reload builds a new Snapshot and swaps one pointer.
+type Snapshot struct {
+	tools      []Tool
+	byID       map[string]int32
+	aliases    map[string]int32 // model-visible names that are not the rule mapping
+	agents     map[string]*agentInfo
+	agentOrder []string
+	instances  map[string]map[string]map[int32]bool // instance → env → suspended
+	principals map[string]*principalInfo
+	policies   []*compiledPolicy
+	settings   policy.Settings
+	bundle     *policy.Bundle
+	report     *policy.Report
+}
+
+// Compile validates b and compiles it. It returns the validation report in
+// every case; the error is non-nil when the bundle has errors (nothing is
+// compiled then) or compilation fails.
+func Compile(b *policy.Bundle, opts *Options) (*Snapshot, *policy.Report, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	vo := opts.ValidateOptions
+	if vo == nil {
+		vo = &policy.ValidateOptions{}
+	}
+	if len(opts.Announced) > 0 {
+		cp := *vo
+		cp.UpstreamProviders = map[string]bool{}
+		for k, v := range vo.UpstreamProviders {
+			cp.UpstreamProviders[k] = v
+		}
+		vo = &cp
+	}
+	rep := b.Validate(vo)
+	if !rep.OK() {
+		return nil, rep, rep.Err()
+	}
+	env, err := cond.NewEnv()
+	if err != nil {
+		return nil, rep, err
+	}
+	c := &compiler{b: b, env: env, s: &Snapshot{
+		byID:       map[string]int32{},
+		aliases:    map[string]int32{},
+		agents:     map[string]*agentInfo{},
+		instances:  map[string]map[string]map[int32]bool{},
+		principals: map[string]*principalInfo{},
+		bundle:     b,
+		report:     rep,
+	}}
+	if len(b.Settings) > 0 {
+		c.s.settings = *b.Settings[0]
+	}
+	if c.s.settings.DefaultDeploymentMode == "" {
+		c.s.settings.DefaultDeploymentMode = DefaultMode
+	}
+	if err := c.tools(opts.Announced); err != nil {
+		return nil, rep, err
+	}
+	c.agents()
+	c.instances()
+	if err := c.principals(); err != nil {
+		return nil, rep, err
+	}
+	if err := c.policies(); err != nil {
+		return nil, rep, err
+	}
+	return c.s, rep, nil
+}
+
+type compiler struct {
+	b   *policy.Bundle
+	env *cond.Env
+	s   *Snapshot
+}
+
+func (c *compiler) compileCond(expr string) (*cond.Program, error) {
+	if expr == "" {
+		return nil, nil
+	}
+	return c.env.Compile(expr)
+}
+
+func (c *compiler) tools(announced []AnnouncedTool) error {
+	add := func(t Tool) int32 {
+		idx := int32(len(c.s.tools))
+		c.s.tools = append(c.s.tools, t)
+		c.s.byID[t.ID] = idx
+		return idx
+	}
+	for _, d := range c.b.Tools {
+		id := policy.ToolIDOf(d)
+		cls, _ := toolgate.ParseSideEffectClass(d.SideEffectClass)
+		name := d.Name
+		if name == "" {
+			name = toolid.FunctionName(id)
+		}
+		add(Tool{ID: id, Name: name, Description: d.Description, SideEffectClass: cls,
+			ControlFlow: d.ControlFlow, Idempotent: d.Idempotent, MCPServer: d.Source.MCPServer,
+			Builtin: d.Source.Builtin, HTTP: d.Source.HTTP, A2AAgent: d.A2AAgent,
+			InputSchema: d.InputSchema, OutputSchema: d.OutputSchema, Doc: d})
+	}
+	for _, a := range announced {
+		if !toolid.Valid(a.ID) {
+			return fmt.Errorf("announced tool %q from upstream %s: not a canonical tool id", a.ID, a.MCPServer)
+		}
+		if idx, ok := c.s.byID[a.ID]; ok {
+			t := &c.s.tools[idx]
+			if t.MCPServer == "" {
+				t.MCPServer = a.MCPServer
+			}
+			if a.Name != "" {
+				t.Name = a.Name
+			}
+			if t.Description == "" {
+				t.Description = a.Description
+			}
+		} else {
+			add(Tool{ID: a.ID, Name: a.Name, Description: a.Description, SideEffectClass: a.SideEffectClass, MCPServer: a.MCPServer})
+		}
+		if a.Name != "" {
+			idx := c.s.byID[a.ID]
+			if prev, dup := c.s.aliases[a.Name]; dup && prev != idx {
+				return fmt.Errorf("tool name %q is announced for both %s and %s", a.Name, c.s.tools[prev].ID, a.ID)
+			}
+			if mapped, err := toolid.Map(a.Name); err != nil || mapped != a.ID {
+				c.s.aliases[a.Name] = idx
+			}
+		}
+	}
+	for _, id := range c.s.settings.ControlFlowTools {
+		if idx, ok := c.s.byID[id]; ok {
+			c.s.tools[idx].ControlFlow = true
+		}
+	}
+	for i := range c.s.tools {
+		t := &c.s.tools[i]
+		t.vars = map[string]any{"id": t.ID, "name": t.Name, "side_effect_class": t.SideEffectClass.String()}
+	}
+	return nil
+}
+
+func (c *compiler) agents() {
+	for _, a := range c.b.Agents {
+		ai := &agentInfo{id: a.AgentID, version: a.Version, engine: a.RuntimeEngine, workspace: a.Workspace,
+			ceiling: map[int32]*ceilingEntry{}, modes: map[string]*modeInfo{}, doc: a,
+			vars: map[string]any{"id": a.AgentID, "version": a.Version, "runtime_engine": a.RuntimeEngine}}
+		for _, p := range a.ToolPermissions {
+			idx, ok := c.s.byID[p.ToolID]
+			if !ok {
+				continue // an upstream tool not announced (yet): not in the ceiling
+			}
+			cls, _ := toolgate.ParseSideEffectClass(p.SideEffectClass)
+			if own := c.s.tools[idx].SideEffectClass; own > cls {
+				cls = own
+			}
+			tier := toolgate.ApprovalTier(p.ApprovalTier)
+			if tier == "" {
+				tier = toolgate.TierAuto
+			}
+			ai.ceiling[idx] = &ceilingEntry{tool: idx, class: cls, tier: tier}
+			ai.order = append(ai.order, idx)
+		}
+		c.s.agents[a.AgentID] = ai
+		c.s.agentOrder = append(c.s.agentOrder, a.AgentID)
+	}
+	for _, rp := range c.b.RuntimePolicies {
+		ai := c.s.agents[rp.AgentID]
+		if ai == nil {
+			continue
+		}
+		p := rp.ToolAuthorizationPolicy
+		m := &modeInfo{removed: map[int32]removal{}, a2aApproval: map[int32]string{}, mcpWriteApproval: true}
+		if p.MCPToolPolicy.MCPWriteApprovalRequired != nil {
+			m.mcpWriteApproval = *p.MCPToolPolicy.MCPWriteApprovalRequired
+		}
+		where := fmt.Sprintf("RuntimePolicy %s/%s (%s)", rp.AgentID, rp.DeploymentMode, rp.Pos.At())
+		grants, susp := set(p.ToolGrants), set(p.ToolSuspensions)
+		allowedSrv, deniedSrv := set(p.MCPToolPolicy.AllowedServers), set(p.MCPToolPolicy.DeniedServers)
+		partners := set(p.A2AToolPolicy.AllowedPartners)
+		for _, idx := range ai.order {
+			t := &c.s.tools[idx]
+			switch {
+			case p.ActiveToolSet == "declared" && !grants[t.ID]:
+				m.removed[idx] = removal{toolgate.CodeNotGrantedRuntime, fmt.Sprintf("runtime layer: %s is not in tool_grants of %s (active_tool_set: declared); add it to tool_grants", t.ID, where)}
+				continue
+			case p.ActiveToolSet == "restricted" && susp[t.ID]:
+				m.removed[idx] = removal{toolgate.CodeSuspendedRuntime, fmt.Sprintf("runtime layer: %s is suspended by tool_suspensions of %s; remove it from tool_suspensions", t.ID, where)}
+				continue
+			}
+			if t.MCPServer != "" {
+				switch {
+				case deniedSrv[t.MCPServer]:
+					m.removed[idx] = removal{toolgate.CodeMCPServerDenied, fmt.Sprintf("runtime layer: MCP server %s is in denied_servers of %s; remove it from mcp_tool_policy.denied_servers", t.MCPServer, where)}
+					continue
+				case len(allowedSrv) > 0 && !allowedSrv[t.MCPServer]:
+					m.removed[idx] = removal{toolgate.CodeMCPServerDenied, fmt.Sprintf("runtime layer: MCP server %s is not in allowed_servers of %s; add it to mcp_tool_policy.allowed_servers", t.MCPServer, where)}
+					continue
+				}
+			}
+			if t.A2AAgent != "" {
+				tier := p.A2AToolPolicy.TrustTiers[t.A2AAgent]
+				if tier == "" {
+					tier = p.A2AToolPolicy.DefaultTrustTier
+				}
+				if tier == "" {
+					tier = "provisional"
+				}
+				switch {
+				case len(partners) > 0 && !partners[t.A2AAgent]:
+					m.removed[idx] = removal{toolgate.CodeA2AUntrusted, fmt.Sprintf("runtime layer: partner agent %s is not in allowed_partners of %s; add it to a2a_tool_policy.allowed_partners", t.A2AAgent, where)}
+					continue
+				case tier == "untrusted":
+					m.removed[idx] = removal{toolgate.CodeA2AUntrusted, fmt.Sprintf("runtime layer: partner agent %s has trust tier untrusted in %s; raise its tier in a2a_tool_policy.trust_tiers", t.A2AAgent, where)}
+					continue
+				case tier == "provisional":
+					m.a2aApproval[idx] = t.A2AAgent
+				}
+			}
+		}
+		ai.modes[rp.DeploymentMode] = m
+	}
+}
+
+func set(xs []string) map[string]bool {
+	m := make(map[string]bool, len(xs))
+	for _, x := range xs {
+		m[x] = true
+	}
+	return m
+}
+
+func setOrNil(xs []string) map[string]bool {
+	if len(xs) == 0 {
+		return nil
+	}
+	return set(xs)
+}
+
+func (c *compiler) instances() {
+	for _, in := range c.b.Instances {
+		envs := map[string]map[int32]bool{}
+		for env, o := range in.EnvironmentOverrides {
+			s := map[int32]bool{}
+			for _, id := range o.ToolSuspensions {
+				if idx, ok := c.s.byID[id]; ok {
+					s[idx] = true
+				}
+			}
+			envs[env] = s
+		}
+		c.s.instances[in.InstanceID] = envs
+	}
+}
+
+func (c *compiler) principals() error {
+	roles := map[string]*policy.Role{}
+	for _, r := range c.b.Roles {
+		roles[r.RoleID] = r
+	}
+	byID := map[string]*policy.Principal{}
+	for _, p := range c.b.Principals {
+		byID[p.PrincipalID] = p
+	}
+	type cgrant struct {
+		g     policy.Grant
+		conds []*cond.Program
+		from  string
+	}
+	own := func(p *policy.Principal) ([]cgrant, error) {
+		var out []cgrant
+		addAll := func(gs []policy.Grant, from string) error {
+			for _, g := range gs {
+				prog, err := c.compileCond(g.When)
+				if err != nil {
+					return fmt.Errorf("%s: %w", from, err)
+				}
+				var conds []*cond.Program
+				if prog != nil {
+					conds = []*cond.Program{prog}
+				}
+				out = append(out, cgrant{g: g, conds: conds, from: from})
+			}
+			return nil
+		}
+		if err := addAll(p.Grants, "principal "+p.PrincipalID); err != nil {
+			return nil, err
+		}
+		for _, r := range p.Roles {
+			if role := roles[r]; role != nil {
+				if err := addAll(role.Grants, "role "+r); err != nil {
+					return nil, err
+				}
+			}
+		}
+		return out, nil
+	}
+	memo := map[string][]cgrant{}
+	var effective func(p *policy.Principal, depth int) ([]cgrant, error)
+	effective = func(p *policy.Principal, depth int) ([]cgrant, error) {
+		if got, ok := memo[p.PrincipalID]; ok {
+			return got, nil
+		}
+		if depth > 32 {
+			return nil, fmt.Errorf("principal %s: delegation chain too deep", p.PrincipalID)
+		}
+		mine, err := own(p)
+		if err != nil {
+			return nil, err
+		}
+		if p.DelegatedFrom != "" {
+			del := byID[p.DelegatedFrom]
+			if del == nil {
+				return nil, fmt.Errorf("principal %s: unknown delegator %s", p.PrincipalID, p.DelegatedFrom)
+			}
+			theirs, err := effective(del, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			var out []cgrant
+			for _, m := range mine {
+				for _, t := range theirs {
+					if (m.g.Resource != t.g.Resource && t.g.Resource != "*") || (m.g.Action != t.g.Action && t.g.Action != "*") {
+						continue
+					}
+					var scope policy.Scope
+					switch {
+					case policy.ScopeCovers(t.g.Scope, m.g.Scope):
+						scope = m.g.Scope
+					case policy.ScopeCovers(m.g.Scope, t.g.Scope):
+						scope = t.g.Scope
+					default:
+						continue
+					}
+					g := m.g
+					g.Scope = scope
+					conds := append(append([]*cond.Program{}, m.conds...), t.conds...)
+					out = append(out, cgrant{g: g, conds: conds, from: m.from + " delegated from " + p.DelegatedFrom})
+				}
+			}
+			mine = out
+		}
+		memo[p.PrincipalID] = mine
+		return mine, nil
+	}
+	for _, p := range c.b.Principals {
+		gs, err := effective(p, 0)
+		if err != nil {
+			return err
+		}
+		pi := &principalInfo{id: p.PrincipalID, invoke: map[int32][]grantC{}, resources: map[string]map[string][]grantC{},
+			vars: map[string]any{"id": p.PrincipalID, "roles": append([]string{}, p.Roles...)}}
+		for _, g := range gs {
+			gc := grantC{scope: g.g.Scope, conds: g.conds, from: g.from}
+			if g.g.Resource == "tool" && g.g.Action == "invoke" {
+				switch {
+				case g.g.Scope.All:
+					pi.invokeAll = append(pi.invokeAll, gc)
+				case g.g.Scope.Tool != "":
+					id, err := toolid.Map(g.g.Scope.Tool)
+					if err != nil {
+						continue
+					}
+					if idx, ok := c.s.byID[id]; ok {
+						pi.invoke[idx] = append(pi.invoke[idx], gc)
+					} else if idx, ok := c.s.aliases[g.g.Scope.Tool]; ok {
+						pi.invoke[idx] = append(pi.invoke[idx], gc)
+					}
+				}
+				continue
+			}
+			byAction := pi.resources[g.g.Resource]
+			if byAction == nil {
+				byAction = map[string][]grantC{}
+				pi.resources[g.g.Resource] = byAction
+			}
+			byAction[g.g.Action] = append(byAction[g.g.Action], gc)
+		}
+		c.s.principals[p.PrincipalID] = pi
+	}
+	return nil
+}
+
+func (c *compiler) policies() error {
+	for _, tp := range c.b.ToolPolicies {
+		cp := &compiledPolicy{name: tp.Name,
+			agents: setOrNil(tp.AppliesTo.Agents), instances: setOrNil(tp.AppliesTo.Instances),
+			envs: setOrNil(tp.AppliesTo.Environments), modes: setOrNil(tp.AppliesTo.DeploymentModes),
+			allowlist: len(tp.Allowed) > 0, requiresHuman: tp.RequiresHumanApproval,
+			perTool: make([]policyTool, len(c.s.tools))}
+		matchAny := func(globs []string, id string) string {
+			for _, g := range globs {
+				if policy.GlobMatch(g, id) {
+					return g
+				}
+			}
+			return ""
+		}
+		for i := range c.s.tools {
+			id := c.s.tools[i].ID
+			pt := &cp.perTool[i]
+			pt.deniedBy = matchAny(tp.Denied, id)
+			pt.allowed = matchAny(tp.Allowed, id) != ""
+			for _, e := range tp.EscalationRules {
+				g := matchAny(e.Tools, id)
+				if g == "" {
+					continue
+				}
+				prog, err := c.compileCond(e.When)
+				if err != nil {
+					return fmt.Errorf("ToolPolicy %s: %w", tp.Name, err)
+				}
+				if prog == nil {
+					pt.escalate = true
+					pt.escalateWhy = g
+				} else {
+					pt.escalateIf = append(pt.escalateIf, prog)
+				}
+			}
+			for _, cd := range tp.Conditions {
+				if matchAny(cd.Tools, id) == "" {
+					continue
+				}
+				prog, err := c.compileCond(cd.When)
+				if err != nil {
+					return fmt.Errorf("ToolPolicy %s: %w", tp.Name, err)
+				}
+				pt.conditions = append(pt.conditions, condC{prog: prog, reason: cd.Reason})
+			}
+			for _, gr := range tp.PolicyGuard {
+				if matchAny(gr.Tools, id) == "" {
+					continue
+				}
+				prog, err := c.compileCond(gr.When)
+				if err != nil {
+					return fmt.Errorf("ToolPolicy %s: %w", tp.Name, err)
+				}
+				pt.guard = append(pt.guard, guardC{prog: prog, effect: gr.Effect, reason: gr.Reason})
+			}
+		}
+		c.s.policies = append(c.s.policies, cp)
+	}
+	return nil
+}
+
+// Report returns the validation report the snapshot was compiled with
+// (warnings only, since errors stop compilation).
+func (s *Snapshot) Report() *policy.Report { return s.report }
+
+// Bundle returns the bundle the snapshot was compiled from. Callers must
+// not modify it.
+func (s *Snapshot) Bundle() *policy.Bundle { return s.bundle }
+
+// Settings returns the bundle's settings with defaults applied.
+func (s *Snapshot) Settings() policy.Settings { return s.settings }
+
+// Tool returns the catalog entry for a canonical id.
+func (s *Snapshot) Tool(id string) (Tool, bool) {
+	idx, ok := s.byID[id]
+	if !ok {
+		return Tool{}, false
+	}
+	return s.tools[idx], true
+}
+
+// Tools returns the catalog, in declaration order.
+func (s *Snapshot) Tools() []Tool { return slices.Clone(s.tools) }
+
+// AgentIDs returns the declared agents in declaration order.
+func (s *Snapshot) AgentIDs() []string { return slices.Clone(s.agentOrder) }
+
+// Modes returns the deployment modes that have a RuntimePolicy for agent,
+// sorted.
+func (s *Snapshot) Modes(agentID string) []string {
+	a := s.agents[agentID]
+	if a == nil {
+		return nil
+	}
+	out := make([]string, 0, len(a.modes))
+	for m := range a.modes {
+		out = append(out, m)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Instances returns instance ids and, for each, its environments with
+// overrides, sorted.
+func (s *Snapshot) Instances() map[string][]string {
+	out := map[string][]string{}
+	for id, envs := range s.instances {
+		var es []string
+		for e := range envs {
+			es = append(es, e)
+		}
+		slices.Sort(es)
+		out[id] = es
+	}
+	return out
+}
+
+// Workspace returns the agent's workspace folder as written in the bundle.
+func (s *Snapshot) Workspace(agentID string) string {
+	if a := s.agents[agentID]; a != nil {
+		return a.workspace
+	}
+	return ""
+}
+
+// AgentVersion returns the agent's version ("" for an unknown agent).
+func (s *Snapshot) AgentVersion(agentID string) string {
+	if a := s.agents[agentID]; a != nil {
+		return a.version
+	}
+	return ""
+}
+
+func ceilingList(s *Snapshot, a *agentInfo) string {
+	ids := make([]string, len(a.order))
+	for i, idx := range a.order {
+		ids[i] = s.tools[idx].ID
+	}
+	return "[" + strings.Join(ids, ", ") + "]"
+}

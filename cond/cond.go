@@ -1,0 +1,133 @@
+// Package cond compiles and evaluates argument conditions: CEL expressions
+// (cel-go) that grants and tool policy rules attach with "when:" (DESIGN.md
+// §2 check 9). An expression is compiled once when the bundle is compiled;
+// evaluating it does no I/O and is bounded by a cost limit, so a hostile
+// expression cannot stall the decision.
+//
+// Variables, all maps from string to dynamic values:
+//
+//	args       the call's decoded JSON arguments
+//	principal  {id, roles}
+//	agent      {id, version, runtime_engine}
+//	tool       {id, name, side_effect_class}
+//	env        {environment, instance_id, deployment_mode}
+//
+// An expression must have type bool. A missing key (args.amount when the
+// call has no amount) is an evaluation error, and an evaluation error
+// denies: write has(args.amount) && args.amount <= 100 to allow calls
+// without the field.
+package cond
+
+import (
+	"fmt"
+
+	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/interpreter"
+)
+
+// CostLimit bounds one evaluation, in cel-go cost units.
+const CostLimit = 10_000
+
+// MaxExprLen bounds the source of one expression, in bytes.
+const MaxExprLen = 4096
+
+// Env is a compiled CEL environment with the condition variables declared.
+// It is safe for concurrent use.
+type Env struct{ env *cel.Env }
+
+// NewEnv returns the environment every condition compiles in.
+func NewEnv() (*Env, error) {
+	dynMap := cel.MapType(cel.StringType, cel.DynType)
+	env, err := cel.NewEnv(
+		cel.Variable("args", dynMap),
+		cel.Variable("principal", dynMap),
+		cel.Variable("agent", dynMap),
+		cel.Variable("tool", dynMap),
+		cel.Variable("env", dynMap),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("cel environment: %w", err)
+	}
+	return &Env{env: env}, nil
+}
+
+// Program is one compiled condition. It is immutable and safe for
+// concurrent use.
+type Program struct {
+	// Expr is the source text.
+	Expr string
+	prg  cel.Program
+}
+
+// Compile parses and type-checks expr; the error says why it does not
+// compile or that it is not boolean.
+func (e *Env) Compile(expr string) (*Program, error) {
+	if len(expr) > MaxExprLen {
+		return nil, fmt.Errorf("condition is %d bytes, longer than %d", len(expr), MaxExprLen)
+	}
+	ast, iss := e.env.Compile(expr)
+	if iss.Err() != nil {
+		return nil, fmt.Errorf("condition %q does not compile: %w", expr, iss.Err())
+	}
+	if !ast.OutputType().IsExactType(cel.BoolType) && !ast.OutputType().IsExactType(cel.DynType) {
+		return nil, fmt.Errorf("condition %q has type %s, want bool", expr, ast.OutputType())
+	}
+	prg, err := e.env.Program(ast, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(CostLimit))
+	if err != nil {
+		return nil, fmt.Errorf("condition %q: %w", expr, err)
+	}
+	return &Program{Expr: expr, prg: prg}, nil
+}
+
+// Vars are the values a condition sees. Nil maps are empty.
+type Vars struct {
+	Args, Principal, Agent, Tool, Env map[string]any
+}
+
+var emptyMap = map[string]any{}
+
+// ResolveName implements interpreter.Activation.
+func (v *Vars) ResolveName(name string) (any, bool) {
+	var m map[string]any
+	switch name {
+	case "args":
+		m = v.Args
+	case "principal":
+		m = v.Principal
+	case "agent":
+		m = v.Agent
+	case "tool":
+		m = v.Tool
+	case "env":
+		m = v.Env
+	default:
+		return nil, false
+	}
+	if m == nil {
+		m = emptyMap
+	}
+	return m, true
+}
+
+// Parent implements interpreter.Activation.
+func (v *Vars) Parent() interpreter.Activation { return nil }
+
+// Eval runs the condition. It returns false and an error when evaluation
+// fails (a missing key, a type mismatch, the cost limit) or the result is not
+// a bool; callers deny on any error.
+func (p *Program) Eval(v *Vars) (ok bool, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			ok, err = false, fmt.Errorf("condition %q panicked: %v", p.Expr, r)
+		}
+	}()
+	out, _, err := p.prg.Eval(v)
+	if err != nil {
+		return false, fmt.Errorf("condition %q: %w", p.Expr, err)
+	}
+	b, isBool := out.Value().(bool)
+	if !isBool {
+		return false, fmt.Errorf("condition %q returned %v, not a bool", p.Expr, out.Value())
+	}
+	return b, nil
+}

@@ -1,0 +1,344 @@
+package policy
+
+import (
+	"fmt"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Pos is where a document or entry stands in its bundle file. The loader
+// fills it; it is never read from YAML.
+type Pos struct {
+	File string `yaml:"-" json:"-"`
+	Line int    `yaml:"-" json:"-"`
+}
+
+// At formats the position as "file:line".
+func (p Pos) At() string { return fmt.Sprintf("%s:%d", p.File, p.Line) }
+
+// Tool declares one tool of the catalog (kind: Tool). Synedrix "Tool ID
+// convention"; DESIGN.md §1.
+type Tool struct {
+	Pos `yaml:"-"`
+	// ToolID is the canonical id, "tool:<provider>-<verb>". Required unless
+	// Name is given, in which case it defaults to Name's mapping.
+	ToolID string `yaml:"tool_id"`
+	// Name is an optional function name the model calls the tool by
+	// ("fs.read"); it must map to ToolID.
+	Name        string `yaml:"name"`
+	Description string `yaml:"description"`
+	// SideEffectClass is none, read, write or irreversible. Required.
+	SideEffectClass string `yaml:"side_effect_class"`
+	// ControlFlow marks a tool that reaches no external system (AgentArea's
+	// task_complete, request_user_input): always disclosed, never gated by
+	// tool policy, grants, conditions or approval.
+	ControlFlow bool `yaml:"control_flow"`
+	// Idempotent lets a write tool retry on transient failures.
+	Idempotent bool       `yaml:"idempotent"`
+	Source     ToolSource `yaml:"source"`
+	// A2AAgent names the agent this tool invokes (agent-to-agent
+	// delegation); that agent must be callable_as_tool.
+	A2AAgent     string    `yaml:"a2a_agent"`
+	InputSchema  any       `yaml:"input_schema"`
+	OutputSchema any       `yaml:"output_schema"`
+	Timeout      Duration  `yaml:"timeout"`
+	Retry        RetrySpec `yaml:"retry"`
+}
+
+// ToolSource says where a tool runs: an MCP server (upstream) name, a
+// built-in function name, or an HTTP endpoint. All empty means the tool is
+// only declared (an agent runtime executes it itself).
+type ToolSource struct {
+	MCPServer string `yaml:"mcp_server"`
+	Builtin   string `yaml:"builtin"`
+	HTTP      string `yaml:"http"`
+}
+
+// RetrySpec bounds tool-call-level retries (Tool Abstraction seed,
+// "Retries"). Zero values mean the gateway's defaults.
+type RetrySpec struct {
+	MaxAttempts    int      `yaml:"max_attempts"`
+	InitialBackoff Duration `yaml:"initial_backoff"`
+	MaxBackoff     Duration `yaml:"max_backoff"`
+}
+
+// Agent declares an agent and its capability ceiling (kind: Agent).
+// Synedrix §2; Wyrd "Selecting tools".
+type Agent struct {
+	Pos           `yaml:"-"`
+	AgentID       string `yaml:"agent_id"`
+	Version       string `yaml:"version"`
+	RuntimeEngine string `yaml:"runtime_engine"`
+	Description   string `yaml:"description"`
+	// CallableAsTool defaults to true; false forbids any ceiling from
+	// reaching this agent through an A2A tool (Synedrix invariant 5).
+	CallableAsTool *bool `yaml:"callable_as_tool"`
+	// ToolPermissions is the capability ceiling: the hard upper bound.
+	ToolPermissions []ToolPermission `yaml:"tool_permissions"`
+	// Workspace is the folder the agent's fs.* tools reach (Wyrd).
+	Workspace string `yaml:"workspace"`
+	// CheckPosition marks an agent that judges others' work: it must be
+	// tool-less (Wyrd).
+	CheckPosition bool `yaml:"check_position"`
+}
+
+// ToolPermission is one ceiling entry.
+type ToolPermission struct {
+	Pos             `yaml:"-"`
+	ToolID          string `yaml:"tool_id"`
+	SideEffectClass string `yaml:"side_effect_class"`
+	// ApprovalTier is auto, policy (Policy Guard) or hitl (human). Default auto.
+	ApprovalTier string `yaml:"approval_tier"`
+}
+
+// RuntimePolicy restricts an agent's ceiling for one deployment mode (kind:
+// RuntimePolicy). Synedrix Agent Runtime Policy Spec.
+type RuntimePolicy struct {
+	Pos                     `yaml:"-"`
+	AgentID                 string                  `yaml:"agent_id"`
+	DeploymentMode          string                  `yaml:"deployment_mode"`
+	ToolAuthorizationPolicy ToolAuthorizationPolicy `yaml:"tool_authorization_policy"`
+}
+
+// ToolAuthorizationPolicy is the runtime restriction layer.
+type ToolAuthorizationPolicy struct {
+	// ActiveToolSet is all (the ceiling passes), declared (only ToolGrants)
+	// or restricted (the ceiling minus ToolSuspensions). Required.
+	ActiveToolSet   string        `yaml:"active_tool_set"`
+	ToolGrants      []string      `yaml:"tool_grants"`
+	ToolSuspensions []string      `yaml:"tool_suspensions"`
+	MCPToolPolicy   MCPToolPolicy `yaml:"mcp_tool_policy"`
+	A2AToolPolicy   A2AToolPolicy `yaml:"a2a_tool_policy"`
+}
+
+// MCPToolPolicy governs MCP-backed tools.
+type MCPToolPolicy struct {
+	// AllowedServers, when non-empty, is the only servers whose tools pass.
+	AllowedServers []string `yaml:"allowed_servers"`
+	// DeniedServers removes every tool of these servers.
+	DeniedServers []string `yaml:"denied_servers"`
+	// MCPWriteApprovalRequired (default true) makes every MCP tool of class
+	// write or higher need approval.
+	MCPWriteApprovalRequired *bool `yaml:"mcp_write_approval_required"`
+}
+
+// A2AToolPolicy governs tools that invoke another agent.
+type A2AToolPolicy struct {
+	// AllowedPartners, when non-empty, is the only agents A2A tools may reach.
+	AllowedPartners []string `yaml:"allowed_partners"`
+	// TrustTiers maps partner agent id to trusted, provisional or untrusted.
+	TrustTiers map[string]string `yaml:"trust_tiers"`
+	// DefaultTrustTier applies to partners missing from TrustTiers; default
+	// provisional (calls need approval). untrusted partners are denied.
+	DefaultTrustTier string `yaml:"default_trust_tier"`
+}
+
+// Instance is a business instance (tenant) with per-environment overrides
+// that may only suspend more tools (kind: Instance). Synedrix §4.
+type Instance struct {
+	Pos                  `yaml:"-"`
+	InstanceID           string                         `yaml:"instance_id"`
+	Name                 string                         `yaml:"name"`
+	EnvironmentOverrides map[string]EnvironmentOverride `yaml:"environment_overrides"`
+}
+
+// EnvironmentOverride narrows the active set in one environment.
+type EnvironmentOverride struct {
+	ToolSuspensions []string `yaml:"tool_suspensions"`
+}
+
+// Principal is a subject a call runs as (kind: Principal). Wyrd "Whose
+// authority".
+type Principal struct {
+	Pos         `yaml:"-"`
+	PrincipalID string   `yaml:"principal_id"`
+	Description string   `yaml:"description"`
+	Roles       []string `yaml:"roles"`
+	Grants      []Grant  `yaml:"grants"`
+	// DelegatedFrom names the delegator: the effective grants are the
+	// intersection with the delegator's, never wider.
+	DelegatedFrom string `yaml:"delegated_from"`
+}
+
+// Role groups grants (kind: Role).
+type Role struct {
+	Pos         `yaml:"-"`
+	RoleID      string  `yaml:"role_id"`
+	Description string  `yaml:"description"`
+	Grants      []Grant `yaml:"grants"`
+}
+
+// Grant is {resource, action, scope}, optionally with a CEL condition.
+// resource "tool" with action "invoke" is the tool:invoke grant; any other
+// resource is checked against what a call touches (DESIGN.md §2 check 8).
+type Grant struct {
+	Pos      `yaml:"-"`
+	Resource string `yaml:"resource"`
+	Action   string `yaml:"action"`
+	Scope    Scope  `yaml:"scope"`
+	// When is a CEL expression over args, principal, agent, tool and env
+	// that must hold for the grant to apply.
+	When string `yaml:"when"`
+}
+
+// Scope is "all", {tool: NAME} (an exact tool, any spelling that maps to
+// its id) or {name: NAME} (a resource name covering itself and the
+// dot-separated names below it).
+type Scope struct {
+	All  bool
+	Tool string
+	Name string
+}
+
+// UnmarshalYAML accepts "all", {tool: X} or {name: X}.
+func (s *Scope) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Value == "all" || n.Value == "*" {
+			*s = Scope{All: true}
+			return nil
+		}
+		return fmt.Errorf("line %d: scope %q: want \"all\", {tool: NAME} or {name: NAME}", n.Line, n.Value)
+	case yaml.MappingNode:
+		var m struct {
+			Tool string `yaml:"tool"`
+			Name string `yaml:"name"`
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if k := n.Content[i].Value; k != "tool" && k != "name" {
+				return fmt.Errorf("line %d: scope: unknown field %q (want tool or name)", n.Content[i].Line, k)
+			}
+		}
+		if err := n.Decode(&m); err != nil {
+			return err
+		}
+		if (m.Tool == "") == (m.Name == "") {
+			return fmt.Errorf("line %d: scope: give exactly one of tool or name", n.Line)
+		}
+		*s = Scope{Tool: m.Tool, Name: m.Name}
+		return nil
+	}
+	return fmt.Errorf("line %d: scope: want \"all\", {tool: NAME} or {name: NAME}", n.Line)
+}
+
+// String formats the scope as written.
+func (s Scope) String() string {
+	switch {
+	case s.All:
+		return "all"
+	case s.Tool != "":
+		return "{tool: " + s.Tool + "}"
+	case s.Name != "":
+		return "{name: " + s.Name + "}"
+	}
+	return "{}"
+}
+
+// ToolPolicy holds AgentArea-style rules over tool ids (kind: ToolPolicy),
+// applied in DESIGN.md §2 checks 6, 9 and 11.
+type ToolPolicy struct {
+	Pos       `yaml:"-"`
+	Name      string    `yaml:"name"`
+	AppliesTo AppliesTo `yaml:"applies_to"`
+	// Denied globs over tool ids ("tool:*-delete-*"): a match denies.
+	Denied []string `yaml:"denied"`
+	// Allowed, when non-empty, is an allowlist: a tool matching none is denied.
+	Allowed []string `yaml:"allowed"`
+	// EscalationRules send matching calls to approval.
+	EscalationRules []EscalationRule `yaml:"escalation_rules"`
+	// RequiresHumanApproval sends every call this policy applies to to approval.
+	RequiresHumanApproval bool `yaml:"requires_human_approval"`
+	// Conditions must hold for matching tools, or the call is denied.
+	Conditions []Condition `yaml:"conditions"`
+	// PolicyGuard rules judge calls of tools whose approval_tier is policy:
+	// the first matching rule allows, denies or escalates; none matching
+	// escalates.
+	PolicyGuard []GuardRule `yaml:"policy_guard"`
+}
+
+// AppliesTo selects where a ToolPolicy applies; an empty list matches all.
+type AppliesTo struct {
+	Agents          []string `yaml:"agents"`
+	Instances       []string `yaml:"instances"`
+	Environments    []string `yaml:"environments"`
+	DeploymentModes []string `yaml:"deployment_modes"`
+}
+
+// EscalationRule is a tool glob, optionally with a CEL condition; written
+// as a plain string or as {tools: [...], when: EXPR}.
+type EscalationRule struct {
+	Pos   `yaml:"-"`
+	Tools []string `yaml:"tools"`
+	When  string   `yaml:"when"`
+}
+
+// UnmarshalYAML accepts a glob string or {tools, when}.
+func (r *EscalationRule) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*r = EscalationRule{Tools: []string{n.Value}}
+		return nil
+	}
+	type plain EscalationRule
+	var p plain
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := n.Content[i].Value; k != "tools" && k != "when" {
+			return fmt.Errorf("line %d: escalation rule: unknown field %q (want tools, when)", n.Content[i].Line, k)
+		}
+	}
+	if err := n.Decode(&p); err != nil {
+		return err
+	}
+	*r = EscalationRule(p)
+	return nil
+}
+
+// Condition is an argument condition: for calls of matching tools, When
+// must hold or the call is denied with Reason.
+type Condition struct {
+	Pos    `yaml:"-"`
+	Tools  []string `yaml:"tools"`
+	When   string   `yaml:"when"`
+	Reason string   `yaml:"reason"`
+}
+
+// GuardRule is one Policy Guard rule: Effect is allow, deny or escalate.
+type GuardRule struct {
+	Pos    `yaml:"-"`
+	Tools  []string `yaml:"tools"`
+	When   string   `yaml:"when"`
+	Effect string   `yaml:"effect"`
+	Reason string   `yaml:"reason"`
+}
+
+// Settings holds bundle-wide settings (kind: Settings; at most one).
+type Settings struct {
+	Pos `yaml:"-"`
+	// ControlFlowTools are tool ids treated as control-flow tools in
+	// addition to those marked control_flow.
+	ControlFlowTools []string `yaml:"control_flow_tools"`
+	// DefaultPrincipal is used by the CLI when --principal is absent.
+	DefaultPrincipal string `yaml:"default_principal"`
+	// DefaultDeploymentMode applies when a call names none; default production.
+	DefaultDeploymentMode string `yaml:"default_deployment_mode"`
+	// ApprovalTTL is how long an approval stays usable; default 15m.
+	ApprovalTTL Duration `yaml:"approval_ttl"`
+	// ResultMaxKiB caps every tool result; default 64.
+	ResultMaxKiB int `yaml:"result_max_kib"`
+}
+
+// Duration is a time.Duration written as "30s", "15m".
+type Duration time.Duration
+
+// UnmarshalYAML parses a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil || v < 0 {
+		return fmt.Errorf("line %d: %q is not a duration like 30s or 15m", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }

@@ -1,0 +1,277 @@
+// Package toolgate holds the vocabulary shared by every part of the tool
+// authorization gateway: the call being decided, the decision, its verdict,
+// code and layer, side-effect classes, approval tiers and event types.
+//
+// The decision itself is made by package authz over a snapshot compiled by
+// package policy; enforcement points (package gate, the MCP proxy, the HTTP
+// API, the CLI) only call it. This package imports nothing but the standard
+// library, so every other package may depend on it.
+package toolgate
+
+import "fmt"
+
+// Verdict is the outcome of a decision. Deny is the zero value, so a
+// Decision that was never filled in denies (DESIGN.md §2, fail closed).
+type Verdict uint8
+
+const (
+	// Deny refuses the call; nothing is executed.
+	Deny Verdict = iota
+	// Allow lets the call run.
+	Allow
+	// RequireApproval holds the call until a human or the Policy Guard
+	// approves exactly this call.
+	RequireApproval
+)
+
+// String returns the wire name: "deny", "allow" or "require_approval".
+func (v Verdict) String() string {
+	switch v {
+	case Allow:
+		return "allow"
+	case RequireApproval:
+		return "require_approval"
+	default:
+		return "deny"
+	}
+}
+
+// MarshalText encodes the verdict as its wire name.
+func (v Verdict) MarshalText() ([]byte, error) { return []byte(v.String()), nil }
+
+// UnmarshalText decodes a wire name; anything else is an error.
+func (v *Verdict) UnmarshalText(b []byte) error {
+	switch string(b) {
+	case "allow":
+		*v = Allow
+	case "deny":
+		*v = Deny
+	case "require_approval":
+		*v = RequireApproval
+	default:
+		return fmt.Errorf("unknown verdict %q (want allow, deny or require_approval)", b)
+	}
+	return nil
+}
+
+// Code is the stable machine code of a decision (DESIGN.md §2). Codes cross
+// the wire and the audit log; they never change meaning.
+type Code string
+
+// Decision codes, in the order of the checks that produce them.
+const (
+	CodeOK                   Code = "ok"
+	CodeMalformedCall        Code = "malformed_call"
+	CodeAmbiguousToolName    Code = "ambiguous_tool_name"
+	CodeUnknownAgent         Code = "unknown_agent"
+	CodeUnknownTool          Code = "unknown_tool"
+	CodeNotInCeiling         Code = "not_in_ceiling"
+	CodeNoRuntimePolicy      Code = "no_runtime_policy"
+	CodeSuspendedRuntime     Code = "suspended_runtime"
+	CodeNotGrantedRuntime    Code = "not_granted_runtime"
+	CodeMCPServerDenied      Code = "mcp_server_denied"
+	CodeA2AUntrusted         Code = "a2a_untrusted"
+	CodeUnknownInstance      Code = "unknown_instance"
+	CodeSuspendedInstance    Code = "suspended_instance"
+	CodePolicyDenied         Code = "policy_denied"
+	CodePolicyNotAllowlisted Code = "policy_not_allowlisted"
+	CodeRBACToolInvoke       Code = "rbac_tool_invoke"
+	CodeRBACResource         Code = "rbac_resource"
+	CodeConditionFailed      Code = "condition_failed"
+	CodeGuardBudget          Code = "guard_budget"
+	CodeGuardSemantic        Code = "guard_semantic"
+	CodeApprovalRequired     Code = "approval_required"
+	CodeInternalError        Code = "internal_error"
+
+	// Codes an adapter reports when it inspects what a call would touch.
+	CodePathOutsideWorkspace Code = "path_outside_workspace"
+	CodeUnsafeQuery          Code = "sql_not_read_only"
+	CodeUnparsableQuery      Code = "sql_unclassifiable"
+	CodeBadArguments         Code = "bad_arguments"
+)
+
+// Error is a refusal or failure that crosses a wire or the audit log: a
+// stable Code, the Layer it belongs to, and a message that names what was
+// refused and what would change it. Err, when set, is the underlying cause.
+type Error struct {
+	Code    Code
+	Layer   Layer
+	Message string
+	Err     error
+}
+
+// Error returns "code: message".
+func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
+
+// Unwrap returns the cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Layer names the part of the model that produced a decision (DESIGN.md §2).
+type Layer string
+
+// Layers, outermost first.
+const (
+	LayerNone        Layer = ""
+	LayerComposition Layer = "composition"
+	LayerCeiling     Layer = "ceiling"
+	LayerRuntime     Layer = "runtime"
+	LayerInstance    Layer = "instance"
+	LayerPolicy      Layer = "policy"
+	LayerGrant       Layer = "grant"
+	LayerResource    Layer = "resource"
+	LayerCondition   Layer = "condition"
+	LayerGuard       Layer = "guard"
+	LayerApproval    Layer = "approval"
+	LayerInternal    Layer = "internal"
+)
+
+// EventType is the type of an audit and stream event (DESIGN.md §4, the
+// Synedrix agent.tool.* taxonomy).
+type EventType string
+
+// Event types.
+const (
+	EventAuthorized        EventType = "agent.tool.authorized"
+	EventUnauthorized      EventType = "agent.tool.unauthorized"
+	EventSuspended         EventType = "agent.tool.suspended"
+	EventApprovalRequested EventType = "agent.tool.approval_requested"
+	EventApprovalGranted   EventType = "agent.tool.approval_granted"
+	EventApprovalDenied    EventType = "agent.tool.approval_denied"
+	EventApprovalExpired   EventType = "agent.tool.approval_expired"
+	EventCompleted         EventType = "agent.tool.completed"
+	EventFailed            EventType = "agent.tool.failed"
+	EventDefinitionChanged EventType = "mcp.tool.definition_changed"
+	EventBundleLoaded      EventType = "policy.bundle.loaded"
+	EventBundleRejected    EventType = "policy.bundle.rejected"
+)
+
+// SideEffectClass orders what a tool may do to the world:
+// none < read < write < irreversible. The zero value is SideEffectNone.
+type SideEffectClass uint8
+
+// Side-effect classes, in increasing order of risk.
+const (
+	SideEffectNone SideEffectClass = iota
+	SideEffectRead
+	SideEffectWrite
+	SideEffectIrreversible
+)
+
+var sideEffectNames = [...]string{"none", "read", "write", "irreversible"}
+
+// String returns the wire name ("none", "read", "write", "irreversible").
+func (c SideEffectClass) String() string {
+	if int(c) < len(sideEffectNames) {
+		return sideEffectNames[c]
+	}
+	return fmt.Sprintf("side_effect_class(%d)", uint8(c))
+}
+
+// ParseSideEffectClass maps a wire name to its class; anything else is an error.
+func ParseSideEffectClass(s string) (SideEffectClass, error) {
+	for i, n := range sideEffectNames {
+		if n == s {
+			return SideEffectClass(i), nil
+		}
+	}
+	return SideEffectIrreversible, fmt.Errorf("unknown side_effect_class %q (want none, read, write or irreversible)", s)
+}
+
+// MarshalText encodes the class as its wire name.
+func (c SideEffectClass) MarshalText() ([]byte, error) { return []byte(c.String()), nil }
+
+// UnmarshalText decodes a wire name.
+func (c *SideEffectClass) UnmarshalText(b []byte) error {
+	v, err := ParseSideEffectClass(string(b))
+	if err != nil {
+		return err
+	}
+	*c = v
+	return nil
+}
+
+// ApprovalTier says who must approve a call before it runs: nobody (auto),
+// the Policy Guard's automated rules (policy), or a human (hitl).
+type ApprovalTier string
+
+// Approval tiers (Synedrix tool_permissions.approval_tier).
+const (
+	TierAuto   ApprovalTier = "auto"
+	TierPolicy ApprovalTier = "policy"
+	TierHITL   ApprovalTier = "hitl"
+)
+
+// Resource is something a tool call touches, as its adapter reports it:
+// Type is the permission's resource ("bifrost_query", "sql_table", "fs"),
+// Name the object (dot-separated for hierarchies, "vala.datasets.tickets"),
+// and Action the permission needed ("read" when empty).
+type Resource struct {
+	Type   string `json:"type" yaml:"type"`
+	Name   string `json:"name" yaml:"name"`
+	Action string `json:"action,omitempty" yaml:"action,omitempty"`
+}
+
+// Call is one tool call to decide. The identity fields (AgentID, Principal,
+// InstanceID, Environment, DeploymentMode) come from the enforcement point's
+// authenticated context, never from model output.
+type Call struct {
+	AgentID        string
+	DeploymentMode string // "production" when empty
+	InstanceID     string // no instance override when empty
+	Environment    string // no environment override when empty
+	Principal      string // the subject the call runs as
+
+	// Tool is the name as the model called it ("supabase_write",
+	// "bifrost.query", "tool:supabase-write").
+	Tool string
+	// Args are the decoded JSON arguments; nil means a tool-level decision
+	// (disclosure), in which argument conditions are not evaluated.
+	Args map[string]any
+	// Resources lists what the call touches, as the adapter reports it.
+	Resources []Resource
+	// Approved says an unused approval bound to exactly this call exists;
+	// the caller consumes it when the decision allows.
+	Approved bool
+	// ToolLevel asks for the tool-level verdict used for disclosure: argument
+	// conditions and resources are skipped, approval does not deny.
+	ToolLevel bool
+}
+
+// Decision is the answer for one call. The zero value denies.
+type Decision struct {
+	Verdict Verdict `json:"verdict"`
+	Code    Code    `json:"code"`
+	Layer   Layer   `json:"layer,omitempty"`
+	// Reason is one human sentence naming the layer that refused and what
+	// would change the outcome.
+	Reason string `json:"reason"`
+	// ToolID is the canonical id the called name mapped to ("" when it did
+	// not map).
+	ToolID string `json:"tool_id,omitempty"`
+	// ToolName is the name as called.
+	ToolName string `json:"tool_name,omitempty"`
+	// EventType is the event this decision emits.
+	EventType EventType `json:"event_type"`
+	// SideEffectClass is the effective class of the tool (the higher of the
+	// tool's own and the ceiling entry's).
+	SideEffectClass SideEffectClass `json:"side_effect_class"`
+	// ApprovalTier is the ceiling entry's tier ("" when not in the ceiling).
+	ApprovalTier ApprovalTier `json:"approval_tier,omitempty"`
+	// ApprovalUsed is true when an approval turned require_approval into allow.
+	ApprovalUsed bool `json:"approval_used,omitempty"`
+}
+
+// Allowed reports whether the call may run.
+func (d Decision) Allowed() bool { return d.Verdict == Allow }
+
+// EventFor returns the event type a verdict emits.
+func EventFor(v Verdict) EventType {
+	switch v {
+	case Allow:
+		return EventAuthorized
+	case RequireApproval:
+		return EventApprovalRequested
+	default:
+		return EventUnauthorized
+	}
+}
