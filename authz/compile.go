@@ -122,11 +122,11 @@ type policyTool struct {
 }
 
 type compiledPolicy struct {
-	name                                  string
-	agents, instances, envs, modes        map[string]bool // nil: all
-	allowlist                             bool
-	requiresHuman                         bool
-	perTool                               []policyTool
+	name                           string
+	agents, instances, envs, modes map[string]bool // nil: all
+	allowlist                      bool
+	requiresHuman                  bool
+	perTool                        []policyTool
 }
 
 func (p *compiledPolicy) applies(agent, instance, env, mode string) bool {

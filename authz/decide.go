@@ -46,10 +46,10 @@ func (s *Snapshot) Decide(c *toolgate.Call) (d toolgate.Decision) {
 
 // LayerResult is one layer's verdict in an explanation.
 type LayerResult struct {
-	Layer    toolgate.Layer   `json:"layer"`
-	Verdict  string           `json:"verdict"` // pass, deny, require_approval, skipped
-	Code     toolgate.Code    `json:"code,omitempty"`
-	Reason   string           `json:"reason"`
+	Layer    toolgate.Layer     `json:"layer"`
+	Verdict  string             `json:"verdict"` // pass, deny, require_approval, skipped
+	Code     toolgate.Code      `json:"code,omitempty"`
+	Reason   string             `json:"reason"`
 	Decision *toolgate.Decision `json:"-"`
 }
 

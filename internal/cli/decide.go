@@ -338,7 +338,7 @@ func decideOrExplain(name string, args []string, io IO) int {
 	d, trace := snap.Explain(call)
 	if *out == "json" {
 		writeJSON(io.Stdout, struct {
-			Decision decisionJSON         `json:"decision"`
+			Decision decisionJSON        `json:"decision"`
 			Layers   []authz.LayerResult `json:"layers"`
 		}{toDecisionJSON(d), trace})
 	} else {
