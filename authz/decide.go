@@ -370,14 +370,14 @@ func (e *eval) checkResources() *toolgate.Decision {
 
 func (e *eval) condVars() *cond.Vars {
 	if e.vars == nil {
-		env := map[string]any{"environment": e.c.Environment, "instance_id": e.c.InstanceID, "deployment_mode": e.mode}
 		var pv map[string]any
 		if e.pr != nil {
 			pv = e.pr.vars
 		} else {
 			pv = map[string]any{"id": e.c.Principal, "roles": []string{}}
 		}
-		e.vars = &cond.Vars{Args: e.c.Args, Principal: pv, Agent: e.agent.vars, Tool: e.tool.vars, Env: env}
+		e.vars = &cond.Vars{Args: e.c.Args, Principal: pv, Agent: e.agent.vars, Tool: e.tool.vars,
+			Environment: e.c.Environment, InstanceID: e.c.InstanceID, DeploymentMode: e.mode}
 	}
 	return e.vars
 }
@@ -427,9 +427,14 @@ func (e *eval) checkConditions() *toolgate.Decision {
 		return &d
 	}
 	if e.pr != nil {
-		gs := append(e.pr.invokeAll[:len(e.pr.invokeAll):len(e.pr.invokeAll)], e.pr.invoke[e.idx]...)
-		if hasConds(gs) {
-			if ok, err := e.anyHolds(gs); !ok {
+		all, exact := e.pr.invokeAll, e.pr.invoke[e.idx]
+		// Conditions matter only when every covering invoke grant has one.
+		if (len(all) == 0 || hasConds(all)) && (len(exact) == 0 || hasConds(exact)) {
+			ok, err := e.anyHolds(all)
+			if !ok {
+				ok, err = e.anyHolds(exact)
+			}
+			if !ok {
 				return condFail(fmt.Sprintf("no tool:invoke grant of principal %s on %s has its when-condition hold for these arguments", e.pr.id, e.tool.ID), err)
 			}
 		}

@@ -22,8 +22,17 @@ import (
 	"fmt"
 
 	"cel.dev/cel-go/cel"
+	"cel.dev/cel-go/common/cost"
 	"cel.dev/cel-go/interpreter"
 )
+
+// noEstimates leaves every size unknown, so the estimate is a true worst case.
+type noEstimates struct{}
+
+func (noEstimates) EstimateCallCost(string, string, *cost.AstNode, []cost.AstNode) *cost.CallEstimate {
+	return nil
+}
+func (noEstimates) EstimateSize(cost.AstNode) *cost.SizeEstimate { return nil }
 
 // CostLimit bounds one evaluation, in cel-go cost units.
 const CostLimit = 10_000
@@ -72,16 +81,27 @@ func (e *Env) Compile(expr string) (*Program, error) {
 	if !ast.OutputType().IsExactType(cel.BoolType) && !ast.OutputType().IsExactType(cel.DynType) {
 		return nil, fmt.Errorf("condition %q has type %s, want bool", expr, ast.OutputType())
 	}
-	prg, err := e.env.Program(ast, cel.EvalOptions(cel.OptOptimize), cel.CostLimit(CostLimit))
+	// Runtime cost tracking costs allocations on every evaluation; it is
+	// needed only when the static worst case is unbounded or over the limit
+	// (a comprehension over args, say).
+	opts := []cel.ProgramOption{cel.EvalOptions(cel.OptOptimize)}
+	est, err := e.env.EstimateCost(ast, noEstimates{})
+	if err != nil || est.Max > CostLimit {
+		opts = append(opts, cel.CostLimit(CostLimit))
+	}
+	prg, err := e.env.Program(ast, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("condition %q: %w", expr, err)
 	}
 	return &Program{Expr: expr, prg: prg}, nil
 }
 
-// Vars are the values a condition sees. Nil maps are empty.
+// Vars are the values a condition sees. Nil maps are empty. The env map
+// is built from the three fields only when an expression reads it.
 type Vars struct {
-	Args, Principal, Agent, Tool, Env map[string]any
+	Args, Principal, Agent, Tool map[string]any
+
+	Environment, InstanceID, DeploymentMode string
 }
 
 var emptyMap = map[string]any{}
@@ -99,7 +119,7 @@ func (v *Vars) ResolveName(name string) (any, bool) {
 	case "tool":
 		m = v.Tool
 	case "env":
-		m = v.Env
+		m = map[string]any{"environment": v.Environment, "instance_id": v.InstanceID, "deployment_mode": v.DeploymentMode}
 	default:
 		return nil, false
 	}
