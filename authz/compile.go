@@ -169,6 +169,9 @@ func Compile(b *policy.Bundle, opts *Options) (*Snapshot, *policy.Report, error)
 		for k, v := range vo.UpstreamProviders {
 			cp.UpstreamProviders[k] = v
 		}
+		for _, a := range opts.Announced {
+			cp.UpstreamProviders[policy.ProviderOf(a.ID)] = true
+		}
 		vo = &cp
 	}
 	rep := b.Validate(vo)
@@ -441,7 +444,7 @@ func (c *compiler) principals() error {
 		if got, ok := memo[p.PrincipalID]; ok {
 			return got, nil
 		}
-		if depth > 32 {
+		if depth > policy.MaxDelegationDepth+1 {
 			return nil, fmt.Errorf("principal %s: delegation chain too deep", p.PrincipalID)
 		}
 		mine, err := own(p)
@@ -460,7 +463,7 @@ func (c *compiler) principals() error {
 			var out []cgrant
 			for _, m := range mine {
 				for _, t := range theirs {
-					if (m.g.Resource != t.g.Resource && t.g.Resource != "*") || (m.g.Action != t.g.Action && t.g.Action != "*") {
+					if m.g.Resource != t.g.Resource || m.g.Action != t.g.Action {
 						continue
 					}
 					var scope policy.Scope
@@ -661,4 +664,33 @@ func ceilingList(s *Snapshot, a *agentInfo) string {
 		ids[i] = s.tools[idx].ID
 	}
 	return "[" + strings.Join(ids, ", ") + "]"
+}
+
+// MayDecideApproval reports whether principal holds {resource: approval,
+// action: decide} with scope all or the exact tool, so it may approve or
+// deny calls of toolID (issue: approvals need approval:decide on the tool).
+// Conditions on such grants are not evaluated: an approver's grant must be
+// unconditional.
+func (s *Snapshot) MayDecideApproval(principal, toolID string) bool {
+	pr := s.principals[principal]
+	if pr == nil {
+		return false
+	}
+	for _, g := range pr.resources["approval"]["decide"] {
+		if len(g.conds) > 0 {
+			continue
+		}
+		if g.scope.All {
+			return true
+		}
+		if g.scope.Tool != "" {
+			if id, err := toolid.Map(g.scope.Tool); err == nil && id == toolID {
+				return true
+			}
+			if idx, ok := s.aliases[g.scope.Tool]; ok && s.tools[idx].ID == toolID {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -31,14 +31,16 @@ type eval struct {
 // failure inside is a deny with code internal_error. It is safe for
 // concurrent use.
 func (s *Snapshot) Decide(c *toolgate.Call) (d toolgate.Decision) {
+	if c == nil {
+		return internalError(&toolgate.Call{}, "no call to decide (fail closed)")
+	}
 	defer func() {
 		if r := recover(); r != nil {
-			d = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeInternalError, Layer: toolgate.LayerInternal,
-				Reason: fmt.Sprintf("internal error while deciding (fail closed): %v", r), ToolName: c.Tool, EventType: toolgate.EventUnauthorized}
+			d = internalError(c, fmt.Sprintf("internal error while deciding (fail closed): %v", r))
 		}
 	}()
 	if s == nil {
-		return toolgate.Decision{Code: toolgate.CodeInternalError, Layer: toolgate.LayerInternal, Reason: "no policy snapshot loaded (fail closed)", ToolName: c.Tool, EventType: toolgate.EventUnauthorized}
+		return internalError(c, "no policy snapshot loaded (fail closed)")
 	}
 	e := eval{s: s, c: c}
 	return e.run(nil)
@@ -57,11 +59,26 @@ type LayerResult struct {
 // verdict, not only the first failure. Layers that cannot be judged (no
 // tool id, unknown agent) are "skipped". The final decision is the same as
 // Decide's.
-func (s *Snapshot) Explain(c *toolgate.Call) (toolgate.Decision, []LayerResult) {
-	var trace []LayerResult
+func (s *Snapshot) Explain(c *toolgate.Call) (d toolgate.Decision, trace []LayerResult) {
+	if c == nil {
+		c = &toolgate.Call{}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			d = internalError(c, fmt.Sprintf("internal error while deciding (fail closed): %v", r))
+		}
+	}()
+	if s == nil {
+		return internalError(c, "no policy snapshot loaded (fail closed)"), nil
+	}
 	e := eval{s: s, c: c}
-	d := e.run(&trace)
+	d = e.run(&trace)
 	return d, trace
+}
+
+func internalError(c *toolgate.Call, reason string) toolgate.Decision {
+	return toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeInternalError, Layer: toolgate.LayerInternal,
+		Reason: reason, ToolName: c.Tool, EventType: toolgate.EventUnauthorized}
 }
 
 func (e *eval) deny(code toolgate.Code, layer toolgate.Layer, reason string) toolgate.Decision {
@@ -429,10 +446,14 @@ func (e *eval) checkConditions() *toolgate.Decision {
 	if e.pr != nil {
 		all, exact := e.pr.invokeAll, e.pr.invoke[e.idx]
 		// Conditions matter only when every covering invoke grant has one.
-		if (len(all) == 0 || hasConds(all)) && (len(exact) == 0 || hasConds(exact)) {
+		if len(all)+len(exact) > 0 && (len(all) == 0 || hasConds(all)) && (len(exact) == 0 || hasConds(exact)) {
 			ok, err := e.anyHolds(all)
 			if !ok {
-				ok, err = e.anyHolds(exact)
+				var err2 error
+				ok, err2 = e.anyHolds(exact)
+				if err == nil {
+					err = err2
+				}
 			}
 			if !ok {
 				return condFail(fmt.Sprintf("no tool:invoke grant of principal %s on %s has its when-condition hold for these arguments", e.pr.id, e.tool.ID), err)
@@ -483,7 +504,7 @@ func (e *eval) checkApproval() (*toolgate.Decision, bool) {
 		}
 	}
 	if why == "" && e.tool.MCPServer != "" && e.ce.class >= toolgate.SideEffectWrite && (e.m == nil || e.m.mcpWriteApproval) {
-		why = fmt.Sprintf("%s is a %s MCP tool and mcp_write_approval_required is true", e.tool.ID, e.ce.class)
+		why = fmt.Sprintf("%s is an MCP tool of side_effect_class %s and mcp_write_approval_required is true", e.tool.ID, e.ce.class)
 	}
 	if why == "" && e.m != nil {
 		if partner, ok := e.m.a2aApproval[e.idx]; ok {

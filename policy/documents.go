@@ -325,6 +325,13 @@ type Settings struct {
 	ApprovalTTL Duration `yaml:"approval_ttl"`
 	// ResultMaxKiB caps every tool result; default 64.
 	ResultMaxKiB int `yaml:"result_max_kib"`
+	// Anonymous is the identity of MCP and HTTP requests that carry no
+	// credential, for local use; nil means such requests get 401. A wrong
+	// credential is refused even when this is set.
+	Anonymous *Identity `yaml:"anonymous"`
+	// AllowedOrigins are the browser Origin values the gateway accepts
+	// besides loopback ones (DNS rebinding protection).
+	AllowedOrigins []string `yaml:"allowed_origins"`
 }
 
 // Duration is a time.Duration written as "30s", "15m".

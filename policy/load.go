@@ -32,6 +32,8 @@ type Bundle struct {
 	Roles           []*Role
 	ToolPolicies    []*ToolPolicy
 	Settings        []*Settings
+	Upstreams       []*Upstream
+	Credentials     []*Credential
 	// Extra holds documents of kinds registered by other packages (see
 	// RegisterKind), keyed by kind.
 	Extra map[string][]any
@@ -52,6 +54,8 @@ var kinds = map[string]reflect.Type{
 	"Role":          reflect.TypeFor[Role](),
 	"ToolPolicy":    reflect.TypeFor[ToolPolicy](),
 	"Settings":      reflect.TypeFor[Settings](),
+	"Upstream":      reflect.TypeFor[Upstream](),
+	"Credential":    reflect.TypeFor[Credential](),
 }
 
 // KindNames lists the document kinds the loader accepts, sorted.
@@ -125,7 +129,7 @@ func (b *Bundle) AddYAML(file string, data []byte) {
 			return
 		}
 		if err != nil {
-			b.decode = append(b.decode, Diagnostic{File: file, Line: yamlErrLine(err), Message: "YAML: " + err.Error()})
+			b.decode = append(b.decode, Diagnostic{File: file, Line: syntaxErrLine(data, err), Message: "YAML: " + strings.ReplaceAll(err.Error(), "\n", "; ")})
 			return
 		}
 		b.AddNode(file, &doc)
@@ -159,6 +163,11 @@ func (b *Bundle) addDocument(file string, n *yaml.Node) {
 	errf := func(line int, format string, args ...any) {
 		b.decode = append(b.decode, Diagnostic{File: file, Line: line, Message: fmt.Sprintf(format, args...)})
 	}
+	defer func() {
+		if r := recover(); r != nil {
+			errf(n.Line, "internal error decoding this document (refused): %v", r)
+		}
+	}()
 	if n.Kind != yaml.MappingNode {
 		errf(n.Line, "expected a document (a mapping with a kind)")
 		return
@@ -168,12 +177,19 @@ func (b *Bundle) addDocument(file string, n *yaml.Node) {
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Value == "kind" {
+			if kind != "" {
+				errf(k.Line, "duplicate kind key (the document already has kind %s)", kind)
+				return
+			}
 			kind = v.Value
+			if kind == "" {
+				kind = "\x00empty"
+			}
 			continue
 		}
 		rest = append(rest, k, v)
 	}
-	if kind == "" {
+	if kind == "" || kind == "\x00empty" {
 		errf(n.Line, "document has no kind (want one of %s)", strings.Join(allKindNames(), ", "))
 		return
 	}
@@ -215,6 +231,10 @@ func (b *Bundle) addDocument(file string, n *yaml.Node) {
 		b.ToolPolicies = append(b.ToolPolicies, d)
 	case *Settings:
 		b.Settings = append(b.Settings, d)
+	case *Upstream:
+		b.Upstreams = append(b.Upstreams, d)
+	case *Credential:
+		b.Credentials = append(b.Credentials, d)
 	default:
 		if b.Extra == nil {
 			b.Extra = map[string][]any{}
@@ -315,6 +335,7 @@ func yamlFields(t reflect.Type) map[string]reflect.StructField {
 		}
 		if strings.Contains(opts, "inline") {
 			for k, v := range yamlFields(f.Type) {
+				v.Index = append([]int{i}, v.Index...)
 				out[k] = v
 			}
 			continue
@@ -368,6 +389,33 @@ func fillPos(n *yaml.Node, v reflect.Value, file string) {
 			fillPos(n.Content[i], v.Index(i), file)
 		}
 	}
+}
+
+// syntaxErrLine finds the line of a YAML syntax error. yaml.v3 reports the
+// line where the enclosing construct starts, so the first line whose
+// prefix no longer parses is a better answer.
+func syntaxErrLine(data []byte, err error) int {
+	reported := yamlErrLine(err)
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if len(lines) > 2000 {
+		return reported
+	}
+	var prefix []byte
+	for i, l := range lines {
+		prefix = append(prefix, l...)
+		dec := yaml.NewDecoder(bytes.NewReader(prefix))
+		for {
+			var n yaml.Node
+			e := dec.Decode(&n)
+			if errors.Is(e, io.EOF) {
+				break
+			}
+			if e != nil {
+				return i + 1
+			}
+		}
+	}
+	return reported
 }
 
 // yamlErrLine extracts "line N" from a yaml.v3 error, or 0.

@@ -75,6 +75,9 @@ func (r *Reporter) Warnf(pos Pos, format string, args ...any) {
 	r.rep.Warnings = append(r.rep.Warnings, Diagnostic{File: pos.File, Line: pos.Line, Message: fmt.Sprintf(format, args...)})
 }
 
+// MaxDelegationDepth bounds a chain of delegated_from links.
+const MaxDelegationDepth = 32
+
 // Modes are the active_tool_set modes.
 var activeModes = map[string]bool{"all": true, "declared": true, "restricted": true}
 
@@ -92,6 +95,18 @@ func (b *Bundle) Validate(opts *ValidateOptions) *Report {
 	rep.Errors = append(rep.Errors, b.decode...)
 	r := &Reporter{rep: rep}
 	v := &validator{b: b, r: r, opts: opts}
+	if len(b.Upstreams) > 0 {
+		providers := map[string]bool{}
+		for k, ok := range opts.UpstreamProviders {
+			providers[k] = ok
+		}
+		for _, u := range b.Upstreams {
+			providers[u.Name] = true
+		}
+		o := *opts
+		o.UpstreamProviders = providers
+		v.opts = &o
+	}
 	v.tools()
 	v.agents()
 	v.runtimePolicies()
@@ -100,6 +115,8 @@ func (b *Bundle) Validate(opts *ValidateOptions) *Report {
 	v.principals()
 	v.toolPolicies()
 	v.settings()
+	v.upstreams()
+	v.credentials()
 	for _, f := range opts.ExtraChecks {
 		f(b, r)
 	}
@@ -295,7 +312,9 @@ func isWorkspaceBuiltin(name string) bool {
 	return strings.HasPrefix(name, "fs.") || name == "code.run"
 }
 
-// provider returns the provider part of an id: "fs" for "tool:fs-read-file".
+// ProviderOf returns the provider part of an id: "fs" for "tool:fs-read-file".
+func ProviderOf(id string) string { return provider(id) }
+
 func provider(id string) string {
 	s := strings.TrimPrefix(id, toolid.Prefix)
 	p, _, _ := strings.Cut(s, "-")
@@ -433,6 +452,10 @@ func (v *validator) checkGrants(pos Pos, owner string, grants []Grant) {
 			v.r.Errorf(gp, "%s: resource and action are required", where)
 			continue
 		}
+		if strings.Contains(g.Resource, "*") || strings.Contains(g.Action, "*") {
+			v.r.Errorf(gp, "%s: resource and action are exact names (a wildcard is written scope: all)", where)
+			continue
+		}
 		if !g.Scope.All && g.Scope.Tool == "" && g.Scope.Name == "" {
 			v.r.Errorf(gp, "%s: scope is required (all, {tool: NAME} or {name: NAME})", where)
 		}
@@ -489,11 +512,15 @@ func (v *validator) principals() {
 			v.r.Errorf(p.Pos, "Principal %s: delegated_from %s is not a declared Principal", p.PrincipalID, p.DelegatedFrom)
 			continue
 		}
-		// cycle check
+		// cycle and depth check
 		seen := map[string]bool{p.PrincipalID: true}
 		for cur := p.DelegatedFrom; cur != ""; {
 			if seen[cur] {
 				v.r.Errorf(p.Pos, "Principal %s: delegation cycle through %s", p.PrincipalID, cur)
+				break
+			}
+			if len(seen) > MaxDelegationDepth {
+				v.r.Errorf(p.Pos, "Principal %s: delegation chain longer than %d", p.PrincipalID, MaxDelegationDepth)
 				break
 			}
 			seen[cur] = true
@@ -532,10 +559,7 @@ func (v *validator) allGrants(p *Principal, seen map[string]bool) []Grant {
 // (ignoring conditions).
 func grantCoveredBy(g Grant, set []Grant) bool {
 	for _, o := range set {
-		if o.Resource != g.Resource && o.Resource != "*" {
-			continue
-		}
-		if o.Action != g.Action && o.Action != "*" {
+		if o.Resource != g.Resource || o.Action != g.Action {
 			continue
 		}
 		if ScopeCovers(o.Scope, g.Scope) {

@@ -45,6 +45,7 @@ func commandTable() map[string]command {
 		{"resolve", "show an agent's active, authorized and disclosed tool sets", runResolve},
 		{"decide", "decide one tool call (exit 0 allow, 3 deny, 4 approval)", runDecide},
 		{"explain", "show every layer's verdict for one tool call", runExplain},
+		{"serve", "run the MCP gateway and JSON API (default 127.0.0.1:8420)", runServe},
 	} {
 		out[c.name] = c
 	}
@@ -105,10 +106,17 @@ func newFlags(name string, io IO) *flag.FlagSet {
 // parse parses flags; it returns an exit code and false when the caller
 // should return it.
 func parse(fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(out, "Usage of %s:\n", fs.Name())
+			fs.PrintDefaults()
 			return ExitOK, false
 		}
+		fmt.Fprintf(out, "%s: %v (run %s -h)\n", fs.Name(), err, fs.Name())
 		return ExitUsage, false
 	}
 	if fs.NArg() > 0 {

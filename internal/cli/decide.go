@@ -17,7 +17,7 @@ import (
 
 // extraCommands are the subcommands beyond the decision core's; the
 // gateway's files add theirs here.
-func extraCommands() []command { return gatewayCommands }
+func extraCommands() []command { return append(storeCommands(), gatewayCommands...) }
 
 // gatewayCommands is set by the gateway subcommands' file.
 var gatewayCommands []command
@@ -129,6 +129,10 @@ func runResolve(ctx context.Context, args []string, io IO) int {
 	}
 	if *cf.agent == "" {
 		fmt.Fprintln(io.Stderr, "toolgate resolve: --agent is required")
+		return ExitUsage
+	}
+	if *bundle == "" {
+		fmt.Fprintln(io.Stderr, "toolgate resolve: --bundle DIR is required (or set TOOLGATE_BUNDLE)")
 		return ExitUsage
 	}
 	snap, ok := loadSnapshot(*bundle, io.Stderr)
@@ -316,6 +320,10 @@ func decideOrExplain(name string, args []string, io IO) int {
 	}
 	if *cf.agent == "" || *cf.tool == "" {
 		fmt.Fprintf(io.Stderr, "toolgate %s: --agent and --tool are required\n", name)
+		return ExitUsage
+	}
+	if *bundle == "" {
+		fmt.Fprintf(io.Stderr, "toolgate %s: --bundle DIR is required (or set TOOLGATE_BUNDLE)\n", name)
 		return ExitUsage
 	}
 	snap, ok := loadSnapshot(*bundle, io.Stderr)

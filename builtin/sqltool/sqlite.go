@@ -1,0 +1,627 @@
+package sqltool
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"modernc.org/libc"
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/builtin"
+)
+
+// sqliteBackend reaches one SQLite file through its own driver instance.
+// Every connection carries an authorizer from the moment it opens: one that
+// denies everything, swapped for a recording or enforcing one only while this
+// package prepares or runs a statement on it, and swapped back after.
+type sqliteBackend struct {
+	cfg Config
+	db  *sql.DB
+}
+
+// harmlessVTabs are SQLite's eponymous table-valued functions that compute
+// rows from their arguments alone; reading them touches no table.
+var harmlessVTabs = map[string]bool{"json_each": true, "json_tree": true, "jsonb_each": true, "jsonb_tree": true}
+
+// knownVTabs are eponymous virtual tables that some SQLite builds carry;
+// reading them, even only counting their rows, is refused.
+var knownVTabs = map[string]bool{
+	"dbstat": true, "sqlite_dbpage": true, "sqlite_dbdata": true, "sqlite_dbptr": true, "sqlite_stmt": true,
+	"generate_series": true, "carray": true, "completion": true, "zipfile": true, "fsdir": true,
+	"sqlite_memstat": true, "bytecode": true, "tables_used": true, "pragma_module_list": true,
+}
+
+// readModules adds the virtual table modules of the connection.
+func readModules(ctx context.Context, c *sql.Conn, into map[string]bool) error {
+	rs, err := c.QueryContext(ctx, `SELECT name FROM pragma_module_list`)
+	if err != nil {
+		return err
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var n string
+		if err := rs.Scan(&n); err != nil {
+			return err
+		}
+		into[strings.ToLower(n)] = true
+	}
+	return rs.Err()
+}
+
+// deniedSQLiteFunctions read or write files or load code.
+var deniedSQLiteFunctions = map[string]bool{
+	"load_extension": true, "readfile": true, "writefile": true, "edit": true, "fts3_tokenizer": true,
+	"zipfile": true, "sqlar_compress": true, "sqlar_uncompress": true, "lsdir": true, "fsdir": true,
+	"sqlite_dbpage": true, "sqlite_dbdata": true, "sqlite_dbptr": true,
+}
+
+func denyAll(sqlite.AuthorizerActionCode, string, string, string, string) sqlite.AuthorizerReturnCode {
+	return sqlite.AuthorizerDeny
+}
+
+func allowAll(sqlite.AuthorizerActionCode, string, string, string, string) sqlite.AuthorizerReturnCode {
+	return sqlite.AuthorizerOK
+}
+
+type sqliteConnector struct {
+	d   *sqlite.Driver
+	dsn string
+}
+
+func (c sqliteConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return c.d.Open(c.dsn)
+}
+
+func (c sqliteConnector) Driver() driver.Driver { return c.d }
+
+func openSQLite(ctx context.Context, cfg Config) (*sqliteBackend, error) {
+	abs, err := filepath.Abs(cfg.Path)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("sqlite file %s is not a regular file", abs)
+	}
+	// mode=ro: never create, never write; query_only: a second guard.
+	u := url.URL{Scheme: "file", Path: abs, RawQuery: "mode=ro&_query_only=1"}
+	d := &sqlite.Driver{}
+	d.RegisterConnectionHook(func(c sqlite.ExecQuerierContext, _ string) error {
+		reg, ok := c.(sqlite.AuthorizerRegisterer)
+		if !ok {
+			return errors.New("the sqlite driver does not support an authorizer")
+		}
+		return reg.RegisterAuthorizer(denyAll)
+	})
+	db := sql.OpenDB(sqliteConnector{d: d, dsn: u.String()})
+	db.SetMaxOpenConns(4)
+	be := &sqliteBackend{cfg: cfg, db: db}
+	if _, err := be.schema(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return be, nil
+}
+
+func (b *sqliteBackend) close() error { return b.db.Close() }
+
+// withConn runs fn on one connection with the authorizer auth installed,
+// and puts the deny-all authorizer back after. A connection whose
+// authorizer cannot be restored is discarded.
+func (b *sqliteBackend) withConn(ctx context.Context, auth sqlite.AuthorizerFn, fn func(c *sql.Conn, raw any) error) error {
+	c, err := b.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var raw any
+	if err := c.Raw(func(dc any) error {
+		reg, ok := dc.(sqlite.AuthorizerRegisterer)
+		if !ok {
+			return errors.New("the sqlite driver does not support an authorizer")
+		}
+		raw = dc
+		return reg.RegisterAuthorizer(auth)
+	}); err != nil {
+		return err
+	}
+	defer c.Raw(func(dc any) error {
+		if err := dc.(sqlite.AuthorizerRegisterer).RegisterAuthorizer(denyAll); err != nil {
+			return driver.ErrBadConn
+		}
+		return nil
+	})
+	return fn(c, raw)
+}
+
+type schemaEntry struct{ name, typ string }
+
+// schema reads the tables and views, keyed by lowercase name.
+func (b *sqliteBackend) schema(ctx context.Context) (map[string]schemaEntry, error) {
+	m := map[string]schemaEntry{}
+	err := b.withConn(ctx, allowAll, func(c *sql.Conn, _ any) error {
+		rs, err := c.QueryContext(ctx, `SELECT name, type FROM sqlite_schema WHERE type IN ('table', 'view') ORDER BY name`)
+		if err != nil {
+			return err
+		}
+		defer rs.Close()
+		for rs.Next() {
+			var e schemaEntry
+			if err := rs.Scan(&e.name, &e.typ); err != nil {
+				return err
+			}
+			m[strings.ToLower(e.name)] = e
+		}
+		return rs.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read schema: %w", err)
+	}
+	return m, nil
+}
+
+func (b *sqliteBackend) listTables(ctx context.Context) ([]TableInfo, error) {
+	m, err := b.schema(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []TableInfo{}
+	for _, e := range m {
+		if strings.HasPrefix(strings.ToLower(e.name), "sqlite_") {
+			continue
+		}
+		out = append(out, TableInfo{Name: e.name, Type: e.typ})
+	}
+	sortTables(out)
+	return out, nil
+}
+
+func (b *sqliteBackend) resolveTable(ctx context.Context, name string) (TableRef, error) {
+	n := name
+	if s, t, ok := strings.Cut(name, "."); ok && strings.EqualFold(s, "main") {
+		n = t
+	}
+	m, err := b.schema(ctx)
+	if err != nil {
+		return TableRef{}, err
+	}
+	if e, ok := m[strings.ToLower(n)]; ok {
+		return TableRef{Name: e.name}, nil
+	}
+	return TableRef{Name: n}, nil // reported as named; describe says it does not exist
+}
+
+func (b *sqliteBackend) describe(ctx context.Context, ref TableRef) ([]ColumnInfo, error) {
+	m, err := b.schema(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := m[strings.ToLower(ref.Name)]; !ok {
+		return nil, builtin.BadArguments(nil, "%s: table %q does not exist in database %q", DescribeTableName, ref.Name, b.cfg.Name)
+	}
+	var cols []ColumnInfo
+	err = b.withConn(ctx, allowAll, func(c *sql.Conn, _ any) error {
+		rs, err := c.QueryContext(ctx, `SELECT name, type, "notnull", dflt_value, pk, hidden FROM pragma_table_xinfo(?) ORDER BY cid`, ref.Name)
+		if err != nil {
+			return err
+		}
+		defer rs.Close()
+		for rs.Next() {
+			var (
+				col         ColumnInfo
+				notNull, pk int
+				hidden      int
+				dflt        sql.NullString
+				typ         sql.NullString
+				name        string
+			)
+			if err := rs.Scan(&name, &typ, &notNull, &dflt, &pk, &hidden); err != nil {
+				return err
+			}
+			if hidden == 1 { // a virtual table's hidden column
+				continue
+			}
+			col = ColumnInfo{Name: name, Type: typ.String, Nullable: notNull == 0 && pk == 0, PrimaryKey: pk > 0}
+			if dflt.Valid {
+				col.Default = &dflt.String
+			}
+			cols = append(cols, col)
+		}
+		return rs.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", DescribeTableName, ref.Name, err)
+	}
+	return cols, nil
+}
+
+// authEvent is one call of SQLite's authorizer.
+type authEvent struct {
+	action      sqlite.AuthorizerActionCode
+	arg1, arg2  string
+	dbName, ctx string
+}
+
+// guard records authorizer calls and denies every action that is not part
+// of reading. In enforcing mode (tables != nil) it also denies reading any
+// table not in tables.
+//
+// While a statement is only prepared for analysis, never stepped, the writes
+// to sqlite_master that come with DDL are recorded and allowed, so that
+// SQLite goes on to present the DDL action itself, which names what the
+// statement does (DROP TABLE orders rather than DELETE FROM sqlite_master).
+type guard struct {
+	mu        sync.Mutex
+	events    []authEvent
+	violation *toolgate.Error // the first refused action
+	schemaOp  *toolgate.Error // the first write to sqlite_master, when analysing
+	tables    map[string]bool
+	analysing bool
+}
+
+func (g *guard) authorize(action sqlite.AuthorizerActionCode, a1, a2, dbName, ctx string) sqlite.AuthorizerReturnCode {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := authEvent{action, a1, a2, dbName, ctx}
+	g.events = append(g.events, e)
+	err := classify(e)
+	if err == nil && g.tables != nil && action == sqlite.AuthRead && !g.tables[strings.ToLower(a1)] {
+		err = builtin.Refuse(toolgate.CodeUnsafeQuery, "the query read table %s, which inspection did not report", a1)
+	}
+	if err == nil {
+		return sqlite.AuthorizerOK
+	}
+	if g.analysing && isSchemaWrite(e) {
+		if g.schemaOp == nil {
+			g.schemaOp = err
+		}
+		return sqlite.AuthorizerOK // prepared only; it never runs
+	}
+	if g.violation == nil {
+		g.violation = err
+	}
+	return sqlite.AuthorizerDeny
+}
+
+// refusal is the refusal to report: the statement's own action first.
+func (g *guard) refusal() *toolgate.Error {
+	if g.violation != nil {
+		return g.violation
+	}
+	return g.schemaOp
+}
+
+func isSchemaWrite(e authEvent) bool {
+	switch e.action {
+	case sqlite.AuthInsert, sqlite.AuthUpdate, sqlite.AuthDelete:
+		n := strings.ToLower(e.arg1)
+		return n == "sqlite_master" || n == "sqlite_temp_master"
+	}
+	return false
+}
+
+// classify allows the actions of a read and refuses the rest, naming them.
+func classify(e authEvent) *toolgate.Error {
+	unsafe := func(format string, args ...any) *toolgate.Error {
+		return builtin.Refuse(toolgate.CodeUnsafeQuery, "sql.query refused %s: only a single read-only SELECT may run", fmt.Sprintf(format, args...))
+	}
+	switch e.action {
+	case sqlite.AuthSelect, sqlite.AuthRecursive:
+		return nil
+	case sqlite.AuthRead:
+		if e.dbName != "" && e.dbName != "main" {
+			return unsafe("reading %s.%s (only the main database may be read)", e.dbName, e.arg1)
+		}
+		return nil
+	case sqlite.AuthFunction:
+		if deniedSQLiteFunctions[strings.ToLower(e.arg2)] {
+			return unsafe("function %s(), which reaches files or loads code", e.arg2)
+		}
+		return nil
+	case sqlite.AuthPragma:
+		if e.arg2 != "" {
+			return unsafe("PRAGMA %s(%s)", e.arg1, e.arg2)
+		}
+		return unsafe("PRAGMA %s", e.arg1)
+	case sqlite.AuthAttach:
+		return unsafe("ATTACH DATABASE '%s'", e.arg1)
+	case sqlite.AuthDetach:
+		return unsafe("DETACH DATABASE %s", e.arg1)
+	case sqlite.AuthInsert:
+		return unsafe("INSERT INTO %s", e.arg1)
+	case sqlite.AuthUpdate:
+		return unsafe("UPDATE %s (column %s)", e.arg1, e.arg2)
+	case sqlite.AuthDelete:
+		return unsafe("DELETE FROM %s", e.arg1)
+	case sqlite.AuthTransaction:
+		return unsafe("transaction statement %s", e.arg1)
+	case sqlite.AuthSavepoint:
+		return unsafe("SAVEPOINT %s %s", e.arg1, e.arg2)
+	case sqlite.AuthCreateTable, sqlite.AuthCreateTempTable:
+		return unsafe("CREATE TABLE %s", e.arg1)
+	case sqlite.AuthCreateView, sqlite.AuthCreateTempView:
+		return unsafe("CREATE VIEW %s", e.arg1)
+	case sqlite.AuthCreateIndex, sqlite.AuthCreateTempIndex:
+		return unsafe("CREATE INDEX %s ON %s", e.arg1, e.arg2)
+	case sqlite.AuthCreateTrigger, sqlite.AuthCreateTempTrigger:
+		return unsafe("CREATE TRIGGER %s ON %s", e.arg1, e.arg2)
+	case sqlite.AuthCreateVTable:
+		return unsafe("CREATE VIRTUAL TABLE %s USING %s", e.arg1, e.arg2)
+	case sqlite.AuthDropTable, sqlite.AuthDropTempTable:
+		return unsafe("DROP TABLE %s", e.arg1)
+	case sqlite.AuthDropView, sqlite.AuthDropTempView:
+		return unsafe("DROP VIEW %s", e.arg1)
+	case sqlite.AuthDropIndex, sqlite.AuthDropTempIndex:
+		return unsafe("DROP INDEX %s", e.arg1)
+	case sqlite.AuthDropTrigger, sqlite.AuthDropTempTrigger:
+		return unsafe("DROP TRIGGER %s", e.arg1)
+	case sqlite.AuthDropVTable:
+		return unsafe("DROP VIRTUAL TABLE %s", e.arg1)
+	case sqlite.AuthAlterTable:
+		return unsafe("ALTER TABLE %s", e.arg2)
+	case sqlite.AuthReindex:
+		return unsafe("REINDEX %s", e.arg1)
+	case sqlite.AuthAnalyze:
+		return unsafe("ANALYZE %s", e.arg1)
+	default:
+		return unsafe("SQLite action %d (%s %s)", e.action, e.arg1, e.arg2)
+	}
+}
+
+// splitStatements splits q into statements at the semicolons that SQLite's
+// own sqlite3_complete says end one. The last piece may lack its semicolon.
+// Pieces may be empty or hold only comments; the caller prepares each.
+func splitStatements(q string) ([]string, error) {
+	tls := libc.NewTLS()
+	defer tls.Close()
+	var pieces []string
+	start, candidates := 0, 0
+	for i := 0; i < len(q); i++ {
+		if q[i] != ';' {
+			continue
+		}
+		candidates++
+		if candidates > 256 {
+			return nil, builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: the query has more than 256 semicolons; it cannot be classified")
+		}
+		cs, err := libc.CString(q[start : i+1])
+		if err != nil {
+			return nil, err
+		}
+		done := sqlite3.Xsqlite3_complete(tls, cs) != 0
+		libc.Xfree(tls, cs)
+		if done {
+			pieces = append(pieces, q[start:i+1])
+			start = i + 1
+		}
+	}
+	if start < len(q) {
+		pieces = append(pieces, q[start:])
+	}
+	return pieces, nil
+}
+
+// analysis is the result of classifying a query on one connection.
+type analysis struct {
+	stmt   string          // the one statement to run
+	tables []TableRef      // tables and views read, in schema spelling
+	reads  map[string]bool // lowercase names the authorizer may see read
+}
+
+// analyze classifies q on connection c (raw is its driver connection) and
+// leaves the deny-all authorizer in place.
+func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q string) (*analysis, error) {
+	pieces, err := splitStatements(q)
+	if err != nil {
+		return nil, err
+	}
+	ci, ok := raw.(interface {
+		ColumnInfo(string) ([]sqlite.ColumnInfo, error)
+	})
+	if !ok {
+		return nil, errors.New("the sqlite driver cannot describe statements")
+	}
+	reg := raw.(sqlite.AuthorizerRegisterer)
+	var stmts []string
+	a := &analysis{reads: map[string]bool{}}
+	var readNames []string
+	columnRead := map[string]bool{} // names some column was read from
+	for _, p := range pieces {
+		g := &guard{analysing: true}
+		var info []sqlite.ColumnInfo
+		err := c.Raw(func(any) error {
+			if err := reg.RegisterAuthorizer(g.authorize); err != nil {
+				return err
+			}
+			var perr error
+			info, perr = ci.ColumnInfo(p)
+			if err := reg.RegisterAuthorizer(denyAll); err != nil {
+				return driver.ErrBadConn
+			}
+			return perr
+		})
+		if r := g.refusal(); r != nil {
+			return nil, r
+		}
+		if err != nil {
+			return nil, &toolgate.Error{Code: toolgate.CodeUnparsableQuery, Layer: toolgate.LayerResource,
+				Message: fmt.Sprintf("sql.query: SQLite cannot prepare %s: %v", quoteStmt(p), err), Err: err}
+		}
+		if info == nil && len(g.events) == 0 {
+			continue // empty, or only comments
+		}
+		if len(g.events) == 0 || g.events[0].action != sqlite.AuthSelect {
+			return nil, builtin.Refuse(toolgate.CodeUnsafeQuery,
+				"sql.query refused %s: it is not a query; only a single read-only SELECT may run", quoteStmt(p))
+		}
+		stmts = append(stmts, p)
+		for _, e := range g.events {
+			if e.action == sqlite.AuthRead {
+				readNames = append(readNames, e.arg1)
+				if e.arg2 != "" || e.dbName != "" {
+					columnRead[strings.ToLower(e.arg1)] = true
+				}
+			}
+		}
+	}
+	switch len(stmts) {
+	case 0:
+		return nil, builtin.BadArguments(nil, "sql.query: the query holds no statement")
+	case 1:
+	default:
+		return nil, builtin.Refuse(toolgate.CodeUnsafeQuery,
+			"sql.query refused %d statements (%s, then %s): it runs exactly one statement per call", len(stmts), quoteStmt(stmts[0]), quoteStmt(stmts[1]))
+	}
+	a.stmt = stmts[0]
+
+	schema := map[string]schemaEntry{}
+	modules := map[string]bool{}
+	if len(readNames) > 0 {
+		// Read the schema on this same connection, under allow-all.
+		if err := c.Raw(func(any) error { return reg.RegisterAuthorizer(allowAll) }); err != nil {
+			return nil, err
+		}
+		rs, err := c.QueryContext(ctx, `SELECT name, type FROM sqlite_schema WHERE type IN ('table', 'view')`)
+		if err == nil {
+			for rs.Next() {
+				var e schemaEntry
+				if err = rs.Scan(&e.name, &e.typ); err != nil {
+					break
+				}
+				schema[strings.ToLower(e.name)] = e
+			}
+			rs.Close()
+			if err == nil {
+				err = rs.Err()
+			}
+		}
+		if err == nil {
+			err = readModules(ctx, c, modules)
+		}
+		if rerr := c.Raw(func(any) error { return reg.RegisterAuthorizer(denyAll) }); rerr != nil {
+			return nil, driver.ErrBadConn
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read schema: %w", err)
+		}
+	}
+	seen := map[string]bool{}
+	for _, n := range readNames {
+		low := strings.ToLower(n)
+		if seen[low] {
+			continue
+		}
+		seen[low] = true
+		a.reads[low] = true
+		switch e, ok := schema[low]; {
+		case ok:
+			a.tables = append(a.tables, TableRef{Name: e.name})
+		case low == "sqlite_master" || low == "sqlite_schema":
+			a.tables = append(a.tables, TableRef{Name: "sqlite_master"})
+		case harmlessVTabs[low]:
+		case !columnRead[low] && !modules[low] && !knownVTabs[low] && !strings.HasPrefix(low, "pragma_"):
+			// SQLite names a FROM item it reads no column of (count(*)):
+			// not a table, view or virtual table, so a CTE or subquery,
+			// whose own reads were reported.
+		default:
+			return nil, builtin.Refuse(toolgate.CodeUnsafeQuery,
+				"sql.query refused reading %s: it is a table-valued function or virtual table, not a table of database %q", n, b.cfg.Name)
+		}
+	}
+	return a, nil
+}
+
+// quoteStmt quotes a statement for a message, shortened.
+func quoteStmt(s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > 120 {
+		s = s[:117] + "..."
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+func (b *sqliteBackend) inspect(ctx context.Context, q string) ([]TableRef, error) {
+	var a *analysis
+	err := b.withConn(ctx, denyAll, func(c *sql.Conn, raw any) (err error) {
+		a, err = b.analyze(ctx, c, raw, q)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a.tables, nil
+}
+
+func (b *sqliteBackend) run(ctx context.Context, q string, maxRows int) (rows, error) {
+	var out rows
+	err := b.withConn(ctx, denyAll, func(c *sql.Conn, raw any) error {
+		a, err := b.analyze(ctx, c, raw, q)
+		if err != nil {
+			return err
+		}
+		// Execute under an enforcing authorizer: the same classification,
+		// and only the tables inspection reported.
+		g := &guard{tables: a.reads}
+		reg := raw.(sqlite.AuthorizerRegisterer)
+		if err := c.Raw(func(any) error { return reg.RegisterAuthorizer(g.authorize) }); err != nil {
+			return err
+		}
+		rs, err := c.QueryContext(ctx, a.stmt)
+		if err != nil {
+			if g.violation != nil {
+				return g.violation
+			}
+			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
+		}
+		defer rs.Close()
+		out.columns, err = rs.Columns()
+		if err != nil {
+			return err
+		}
+		for rs.Next() {
+			if len(out.values) == maxRows {
+				out.more = true
+				break
+			}
+			vals := make([]any, len(out.columns))
+			ptrs := make([]any, len(vals))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if err := rs.Scan(ptrs...); err != nil {
+				return err
+			}
+			for i := range vals {
+				vals[i] = jsonValue(vals[i])
+			}
+			out.values = append(out.values, vals)
+		}
+		if err := rs.Err(); err != nil {
+			if g.violation != nil {
+				return g.violation
+			}
+			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
+		}
+		if g.violation != nil {
+			return g.violation
+		}
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,541 @@
+package sqltool
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
+	_ "modernc.org/sqlite"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/builtin"
+)
+
+// ---- fixtures ----
+
+func fixtureSQL(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/fixture.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// sqliteFile writes the fixture into a new SQLite file (with the package's
+// plain driver, which writes) and returns its path.
+func sqliteFile(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "shop.db")
+	db, err := sql.Open("sqlite", p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(fixtureSQL(t)); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// pgDSN returns the test server's DSN, or skips when TOOLGATE_PG_DSN is
+// "off". A server that cannot be reached fails the test.
+func pgDSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv("TOOLGATE_PG_DSN")
+	if dsn == "off" {
+		t.Skip("TOOLGATE_PG_DSN=off")
+	}
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	return dsn
+}
+
+// pgSchema creates a throwaway schema holding the fixture, dropped after
+// the test, and returns a DSN whose search_path starts with it.
+func pgSchema(t testing.TB) (dsn, schema string) {
+	t.Helper()
+	base := pgDSN(t)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, base)
+	if err != nil {
+		t.Fatalf("PostgreSQL at %s: %v (set TOOLGATE_PG_DSN=off to skip)", base, err)
+	}
+	var rnd [6]byte
+	_, _ = rand.Read(rnd[:])
+	schema = "tg_builtin_" + hex.EncodeToString(rnd[:])
+	setup := fmt.Sprintf("CREATE SCHEMA %s; SET search_path = %s; %s\n"+
+		"CREATE FUNCTION %s.peek_tokens() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM %s.api_tokens';",
+		schema, schema, fixtureSQL(t), schema, schema)
+	if _, err := conn.Exec(ctx, setup); err != nil {
+		conn.Close(ctx)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := conn.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+		conn.Close(context.Background())
+	})
+	sep := "?"
+	if strings.Contains(base, "?") {
+		sep = "&"
+	}
+	return base + sep + "search_path=" + schema, schema
+}
+
+type backendCase struct {
+	driver string
+	db     *DB
+	prefix string // resource name prefix before the table
+}
+
+// backends opens the fixture on both databases.
+func backends(t *testing.T, mod func(*Config)) []backendCase {
+	t.Helper()
+	ctx := context.Background()
+	var out []backendCase
+	scfg := Config{Name: "shop", Driver: DriverSQLite, Path: sqliteFile(t)}
+	if mod != nil {
+		mod(&scfg)
+	}
+	sdb, err := Open(ctx, scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sdb.Close() })
+	out = append(out, backendCase{DriverSQLite, sdb, "shop."})
+	if os.Getenv("TOOLGATE_PG_DSN") == "off" {
+		t.Log("TOOLGATE_PG_DSN=off: PostgreSQL cases skipped")
+		return out
+	}
+	dsn, schema := pgSchema(t)
+	pcfg := Config{Name: "shop", Driver: DriverPostgres, DSN: dsn}
+	if mod != nil {
+		mod(&pcfg)
+	}
+	pdb, err := Open(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pdb.Close() })
+	return append(out, backendCase{DriverPostgres, pdb, "shop." + schema + "."})
+}
+
+func toolsFor(t *testing.T, db *DB, opts *Options) map[string]builtin.Tool {
+	t.Helper()
+	ts, err := New([]*DB{db}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]builtin.Tool{}
+	for _, tl := range ts {
+		m[tl.Name()] = tl
+	}
+	return m
+}
+
+func inv(args any) builtin.Invocation {
+	b, _ := json.Marshal(args)
+	return builtin.Invocation{Args: b}
+}
+
+func codeOf(err error) toolgate.Code {
+	var te *toolgate.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	if err != nil {
+		return "other"
+	}
+	return ""
+}
+
+// ---- the shared query cases ----
+
+type queryCase struct {
+	Name   string        `yaml:"name"`
+	Query  string        `yaml:"query"`
+	Only   string        `yaml:"only"`
+	Tables []string      `yaml:"tables"`
+	Code   toolgate.Code `yaml:"code"`
+	Names  []string      `yaml:"names"`
+}
+
+func loadCases(t *testing.T) []queryCase {
+	t.Helper()
+	b, err := os.ReadFile("testdata/queries.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []queryCase
+	dec := yaml.NewDecoder(strings.NewReader(string(b)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cs); err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func TestQueryCases(t *testing.T) {
+	cases := loadCases(t)
+	for _, be := range backends(t, nil) {
+		tl := toolsFor(t, be.db, nil)[QueryName]
+		t.Run(be.driver, func(t *testing.T) {
+			for _, tc := range cases {
+				if tc.Only != "" && tc.Only != be.driver {
+					continue
+				}
+				t.Run(tc.Name, func(t *testing.T) {
+					ctx := context.Background()
+					got, err := tl.Inspect(ctx, inv(map[string]string{"query": tc.Query}))
+					if diff := cmp.Diff(tc.Code, codeOf(err)); diff != "" {
+						t.Fatalf("code (-want +got):\n%s\nerr: %v", diff, err)
+					}
+					_, rerr := tl.Run(ctx, inv(map[string]string{"query": tc.Query}))
+					if tc.Code != "" {
+						var te *toolgate.Error
+						errors.As(err, &te)
+						if te.Layer != toolgate.LayerResource {
+							t.Errorf("layer = %q", te.Layer)
+						}
+						for _, n := range tc.Names {
+							if !strings.Contains(te.Message, n) {
+								t.Errorf("message %q does not name %q", te.Message, n)
+							}
+						}
+						if codeOf(rerr) != tc.Code {
+							t.Errorf("Run: code %q, want %q (%v)", codeOf(rerr), tc.Code, rerr)
+						}
+						return
+					}
+					want := []toolgate.Resource{}
+					for _, n := range tc.Tables {
+						want = append(want, toolgate.Resource{Type: ResourceTable, Name: be.prefix + n, Action: "read"})
+					}
+					sort.Slice(want, func(i, j int) bool { return want[i].Name < want[j].Name })
+					if diff := cmp.Diff(want, got); diff != "" {
+						t.Errorf("resources (-want +got):\n%s", diff)
+					}
+					if rerr != nil {
+						t.Errorf("Run: %v", rerr)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestRefusalsLeaveNoTrace checks that refused statements changed nothing:
+// no file was attached, copied or vacuumed into, no row deleted.
+func TestRefusalsLeaveNoTrace(t *testing.T) {
+	bes := backends(t, nil)
+	dir := t.TempDir()
+	t.Chdir(dir) // where a relative ATTACH or VACUUM INTO would write
+	for _, be := range bes {
+		tl := toolsFor(t, be.db, nil)[QueryName]
+		for _, q := range []string{
+			"ATTACH DATABASE 'other.db' AS x",
+			"SELECT 1; ATTACH DATABASE 'other2.db' AS x",
+			"VACUUM INTO 'copy.db'",
+			"SELECT 1; DELETE FROM orders",
+			"/* report */ DELETE FROM orders",
+			"WITH gone AS (DELETE FROM orders RETURNING 1) SELECT count(*) FROM gone",
+		} {
+			_, _ = tl.Run(context.Background(), inv(map[string]string{"query": q}))
+		}
+		r, err := tl.Run(context.Background(), inv(map[string]string{"query": "SELECT count(*) AS n FROM orders"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([][]any{{int64(5)}}, r.Structured.(QueryResult).Rows); diff != "" {
+			t.Errorf("%s: orders changed (-want +got):\n%s", be.driver, diff)
+		}
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 0 {
+		t.Errorf("files were created: %v", entries)
+	}
+}
+
+func TestQueryRun(t *testing.T) {
+	for _, be := range backends(t, func(c *Config) { c.MaxRows = 3 }) {
+		t.Run(be.driver, func(t *testing.T) {
+			tl := toolsFor(t, be.db, nil)[QueryName]
+			ctx := context.Background()
+			r, err := tl.Run(ctx, inv(map[string]string{"query": "SELECT count(*) AS n, lower(status) AS s FROM orders GROUP BY 2 ORDER BY 2"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := QueryResult{Database: "shop", Columns: []string{"n", "s"}, Rows: [][]any{{int64(2), "closed"}, {int64(3), "open"}}}
+			if diff := cmp.Diff(want, r.Structured); diff != "" {
+				t.Errorf("structured (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff("n | s\n2 | closed\n3 | open\n(2 rows)", r.Content); diff != "" {
+				t.Errorf("content (-want +got):\n%s", diff)
+			}
+			if r.Truncated || r.Bytes != len(r.Content) {
+				t.Errorf("truncated %v bytes %d", r.Truncated, r.Bytes)
+			}
+
+			// max_rows cuts and says so.
+			r, err = tl.Run(ctx, inv(map[string]string{"query": "SELECT id, status FROM orders ORDER BY id"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := r.Structured.(QueryResult)
+			if len(got.Rows) != 3 || !got.Truncated || !r.Truncated {
+				t.Errorf("max_rows: %+v", got)
+			}
+			if !strings.HasSuffix(r.Content, "[truncated: first 3 rows shown; max_rows is 3]") {
+				t.Errorf("content = %q", r.Content)
+			}
+
+			// NULLs and JSON values.
+			r, err = tl.Run(ctx, inv(map[string]string{"query": "SELECT NULL AS a, 1.5 AS b, 'x' AS c"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff("a | b | c\nNULL | 1.5 | x\n(1 row)", r.Content); diff != "" {
+				t.Errorf("content (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestQueryByteCap(t *testing.T) {
+	for _, be := range backends(t, func(c *Config) { c.MaxRows = 1000 }) {
+		t.Run(be.driver, func(t *testing.T) {
+			tl := toolsFor(t, be.db, &Options{Options: builtin.Options{ResultMaxKiB: 1}})[QueryName]
+			q := "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 500) SELECT x, 'padding-padding-padding' AS p FROM n"
+			r, err := tl.Run(context.Background(), inv(map[string]string{"query": q}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.Content) > 1024 || !r.Truncated {
+				t.Fatalf("len %d truncated %v", len(r.Content), r.Truncated)
+			}
+			lines := strings.Split(r.Content, "\n")
+			last := lines[len(lines)-1]
+			if !strings.HasPrefix(last, "[truncated: ") || !strings.HasSuffix(last, " bytes shown]") {
+				t.Errorf("last line %q", last)
+			}
+			got := r.Structured.(QueryResult)
+			if !got.Truncated || len(got.Rows) != len(lines)-2 {
+				t.Errorf("structured has %d rows, content %d", len(got.Rows), len(lines)-2)
+			}
+		})
+	}
+}
+
+func TestStatementTimeout(t *testing.T) {
+	for _, be := range backends(t, func(c *Config) { c.StatementTimeout = 50 * time.Millisecond }) {
+		t.Run(be.driver, func(t *testing.T) {
+			tl := toolsFor(t, be.db, nil)[QueryName]
+			q := "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT count(*) FROM n"
+			_, err := tl.Run(context.Background(), inv(map[string]string{"query": q}))
+			if err == nil {
+				t.Fatal("an endless query returned")
+			}
+			if codeOf(err) != "other" {
+				t.Errorf("a timeout is a failure, not a refusal: %v", err)
+			}
+		})
+	}
+}
+
+// TestReadOnlyUnderneath checks the defence below the analysis: the
+// connection (SQLite) and transaction (PostgreSQL) refuse writes even when
+// the analysis is bypassed.
+func TestReadOnlyUnderneath(t *testing.T) {
+	ctx := context.Background()
+	for _, be := range backends(t, nil) {
+		t.Run(be.driver, func(t *testing.T) {
+			var err error
+			switch b := be.db.be.(type) {
+			case *sqliteBackend:
+				err = b.withConn(ctx, allowAll, func(c *sql.Conn, _ any) error {
+					_, err := c.ExecContext(ctx, "DELETE FROM orders")
+					return err
+				})
+				if err == nil || !strings.Contains(err.Error(), "readonly") {
+					t.Errorf("DELETE on the read-only connection: %v", err)
+				}
+				// And the default authorizer denies everything.
+				c, _ := b.db.Conn(ctx)
+				_, err = c.QueryContext(ctx, "SELECT 1")
+				c.Close()
+				if err == nil || !strings.Contains(err.Error(), "not authorized") {
+					t.Errorf("SELECT under the idle authorizer: %v", err)
+				}
+			case *pgBackend:
+				err = b.readTx(ctx, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, "DELETE FROM orders")
+					return err
+				})
+				if err == nil || !strings.Contains(err.Error(), "read-only transaction") {
+					t.Errorf("DELETE in the read-only transaction: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestListAndDescribe(t *testing.T) {
+	ctx := context.Background()
+	for _, be := range backends(t, nil) {
+		t.Run(be.driver, func(t *testing.T) {
+			tl := toolsFor(t, be.db, nil)
+			res, err := tl[ListTablesName].Inspect(ctx, inv(map[string]any{}))
+			if diff := cmp.Diff([]toolgate.Resource{{Type: ResourceDatabase, Name: "shop", Action: "read"}}, res); diff != "" || err != nil {
+				t.Errorf("list_tables resources (-want +got):\n%s %v", diff, err)
+			}
+			r, err := tl[ListTablesName].Run(ctx, inv(map[string]any{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var names []string
+			for _, ti := range r.Structured.(ListTablesResult).Tables {
+				names = append(names, ti.Name+":"+ti.Type)
+			}
+			want := []string{"api_tokens:table", "customers:table", "nested_view:view", "open_orders:view", "orders:table", "token_view:view"}
+			if diff := cmp.Diff(want, names); diff != "" {
+				t.Errorf("tables (-want +got):\n%s", diff)
+			}
+
+			res, err = tl[DescribeTableName].Inspect(ctx, inv(map[string]any{"table": "orders"}))
+			if diff := cmp.Diff([]toolgate.Resource{{Type: ResourceTable, Name: be.prefix + "orders", Action: "read"}}, res); diff != "" || err != nil {
+				t.Errorf("describe resources (-want +got):\n%s %v", diff, err)
+			}
+			r, err = tl[DescribeTableName].Run(ctx, inv(map[string]any{"table": "orders"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cols []string
+			for _, c := range r.Structured.(DescribeResult).Columns {
+				cols = append(cols, fmt.Sprintf("%s nullable=%v pk=%v default=%v", c.Name, c.Nullable, c.PrimaryKey, c.Default != nil))
+			}
+			wantCols := []string{"id nullable=false pk=true default=false", "status nullable=false pk=false default=true", "total nullable=true pk=false default=false"}
+			if diff := cmp.Diff(wantCols, cols); diff != "" {
+				t.Errorf("columns (-want +got):\n%s", diff)
+			}
+
+			// A table that does not exist is reported as named (no
+			// existence oracle before authorization); Run says it is not there.
+			res, err = tl[DescribeTableName].Inspect(ctx, inv(map[string]any{"table": "nope"}))
+			if err != nil || len(res) != 1 || res[0].Name != be.prefix+"nope" {
+				t.Errorf("describe missing: %v %v", res, err)
+			}
+			if _, err := tl[DescribeTableName].Run(ctx, inv(map[string]any{"table": "nope"})); codeOf(err) != toolgate.CodeBadArguments {
+				t.Errorf("describe missing Run: %v", err)
+			}
+		})
+	}
+}
+
+func TestArgumentsAndDatabases(t *testing.T) {
+	ctx := context.Background()
+	a, err := Open(ctx, Config{Name: "a", Driver: DriverSQLite, Path: sqliteFile(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(ctx, Config{Name: "b", Driver: DriverSQLite, Path: sqliteFile(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ts, err := New([]*DB{a, b}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := ts[2]
+	tests := []struct {
+		name string
+		args string
+		want []toolgate.Resource
+		code toolgate.Code
+	}{
+		{"database required with two", `{"query":"SELECT 1"}`, nil, toolgate.CodeBadArguments},
+		{"unknown database", `{"database":"c","query":"SELECT 1"}`, nil, toolgate.CodeBadArguments},
+		{"picks b", `{"database":"b","query":"SELECT id FROM orders"}`, []toolgate.Resource{{Type: ResourceTable, Name: "b.orders", Action: "read"}}, ""},
+		{"unknown field", `{"database":"a","query":"SELECT 1","mode":"rw"}`, nil, toolgate.CodeBadArguments},
+		{"no query", `{"database":"a"}`, nil, toolgate.CodeBadArguments},
+		{"NUL", `{"database":"a","query":"SELECT 1\u0000; DELETE FROM orders"}`, nil, toolgate.CodeBadArguments},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := q.Inspect(ctx, builtin.Invocation{Args: json.RawMessage(tc.args)})
+			if codeOf(err) != tc.code {
+				t.Fatalf("code %q, want %q (%v)", codeOf(err), tc.code, err)
+			}
+			if diff := cmp.Diff(tc.want, got); tc.code == "" && diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+	if _, err := New([]*DB{a, a}, nil); err == nil {
+		t.Error("duplicate database names accepted")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"ok sqlite", Config{Name: "shop", Driver: "sqlite", Path: "x.db"}, ""},
+		{"ok postgres", Config{Name: "shop-2", Driver: "postgres", DSN: "postgres://x"}, ""},
+		{"dot in name", Config{Name: "a.b", Driver: "sqlite", Path: "x"}, "name"},
+		{"no path", Config{Name: "a", Driver: "sqlite"}, "path is required"},
+		{"no dsn", Config{Name: "a", Driver: "postgres"}, "dsn is required"},
+		{"mysql", Config{Name: "a", Driver: "mysql", DSN: "x"}, "not supported"},
+		{"bad allowed function", Config{Name: "a", Driver: "postgres", DSN: "x", AllowedFunctions: []string{"f"}}, "schema.name"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("Validate() = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Open(context.Background(), Config{Name: "a", Driver: "sqlite", Path: filepath.Join(t.TempDir(), "missing.db")}); err == nil {
+		t.Error("a missing SQLite file was opened (it must never be created)")
+	}
+}
+
+func TestAllowedFunctions(t *testing.T) {
+	if os.Getenv("TOOLGATE_PG_DSN") == "off" {
+		t.Skip("TOOLGATE_PG_DSN=off")
+	}
+	dsn, schema := pgSchema(t)
+	db, err := Open(context.Background(), Config{Name: "shop", Driver: DriverPostgres, DSN: dsn, AllowedFunctions: []string{schema + ".peek_tokens"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	got, err := db.Tables(context.Background(), "SELECT peek_tokens() FROM orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]toolgate.Resource{{Type: ResourceTable, Name: "shop." + schema + ".orders", Action: "read"}}, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}

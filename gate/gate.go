@@ -1,0 +1,374 @@
+// Package gate is the facade every enforcement point calls: it holds the
+// current policy snapshot (swapped atomically on reload), decides calls with
+// authz, turns require_approval into pending approvals and consumes granted
+// ones, and records every decision in the audit log before a tool runs
+// (DESIGN.md §3–§4). The MCP proxy, the HTTP API and the CLI's call command
+// all go through Authorize, so they cannot disagree.
+package gate
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/approval"
+	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/authz"
+)
+
+// Identity is who a call runs as and where: bound by the enforcement point
+// from an authenticated credential, never from anything the client or the
+// model sends.
+type Identity struct {
+	Principal      string `json:"principal"`
+	AgentID        string `json:"agent_id"`
+	InstanceID     string `json:"instance_id,omitempty"`
+	Environment    string `json:"environment,omitempty"`
+	DeploymentMode string `json:"deployment_mode,omitempty"`
+}
+
+// Context returns the identity as an authz resolution context.
+func (id Identity) Context() authz.Context {
+	return authz.Context{AgentID: id.AgentID, DeploymentMode: id.DeploymentMode, InstanceID: id.InstanceID,
+		Environment: id.Environment, Principal: id.Principal}
+}
+
+// Options configures a Gate; nil is valid (no audit log, no approvals:
+// calls that need approval are refused as such and cannot be approved).
+type Options struct {
+	// Recorder is the audit log. With nil, nothing is recorded (for the
+	// CLI's pure decide only; serve always sets it).
+	Recorder *audit.Recorder
+	// Approvals stores pending approvals; nil means approvals cannot be
+	// created or used.
+	Approvals approval.Store
+	// ApprovalTTL is how long a new approval stays usable; 0 means the
+	// bundle's Settings.approval_ttl, or 15 minutes.
+	ApprovalTTL time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Logger gets operational messages; nil discards.
+	Logger *slog.Logger
+}
+
+// Gate decides, approves and records. It is safe for concurrent use.
+type Gate struct {
+	snap atomic.Pointer[authz.Snapshot]
+	opts Options
+	now  func() time.Time
+	log  *slog.Logger
+
+	discMu    sync.Mutex
+	discSnap  *authz.Snapshot
+	discCache map[Identity]*Disclosure
+}
+
+// New returns a Gate deciding with snap.
+func New(snap *authz.Snapshot, opts *Options) *Gate {
+	g := &Gate{}
+	if opts != nil {
+		g.opts = *opts
+	}
+	g.now = g.opts.Now
+	if g.now == nil {
+		g.now = time.Now
+	}
+	g.log = g.opts.Logger
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	g.snap.Store(snap)
+	return g
+}
+
+// Snapshot returns the current policy snapshot.
+func (g *Gate) Snapshot() *authz.Snapshot { return g.snap.Load() }
+
+// Swap installs a new snapshot; calls decided after it returns use it.
+func (g *Gate) Swap(s *authz.Snapshot) { g.snap.Store(s) }
+
+// Recorder returns the audit recorder (nil when there is none).
+func (g *Gate) Recorder() *audit.Recorder { return g.opts.Recorder }
+
+// Approvals returns the approval store (nil when there is none).
+func (g *Gate) Approvals() approval.Store { return g.opts.Approvals }
+
+// Now returns the gate's clock reading.
+func (g *Gate) Now() time.Time { return g.now() }
+
+// Disclosure is the tool-level view for one identity: the resolution and a
+// set of disclosed tool ids for quick lookups.
+type Disclosure struct {
+	Resolution authz.Resolution
+	Disclosed  map[string]bool
+}
+
+// Disclose returns what the identity's model may see, cached per snapshot.
+func (g *Gate) Disclose(id Identity) *Disclosure {
+	snap := g.Snapshot()
+	g.discMu.Lock()
+	defer g.discMu.Unlock()
+	if g.discSnap != snap {
+		g.discSnap, g.discCache = snap, map[Identity]*Disclosure{}
+	}
+	if d, ok := g.discCache[id]; ok {
+		return d
+	}
+	res := snap.Resolve(id.Context())
+	d := &Disclosure{Resolution: res, Disclosed: make(map[string]bool, len(res.Disclosed))}
+	for _, t := range res.Disclosed {
+		d.Disclosed[t] = true
+	}
+	if len(g.discCache) > 10_000 {
+		g.discCache = map[Identity]*Disclosure{}
+	}
+	g.discCache[id] = d
+	return d
+}
+
+// Request is one tool call arriving at an enforcement point.
+type Request struct {
+	Identity
+	// Tool is the name as the model called it.
+	Tool string
+	// Args are the raw JSON arguments (an object; empty means {}).
+	Args json.RawMessage
+	// Resources are what the call touches, when an adapter can tell.
+	Resources []toolgate.Resource
+	// CorrelationID ties the call's events together; generated when empty.
+	CorrelationID string
+	CausationID   string
+	// Via names the enforcement point ("mcp", "http", "cli") for the audit.
+	Via string
+}
+
+// Outcome is the answer to Authorize.
+type Outcome struct {
+	Decision toolgate.Decision
+	// Args are the decoded arguments (nil when they did not decode).
+	Args map[string]any
+	// CanonicalArgs is the canonical JSON the approval digest is taken over.
+	CanonicalArgs []byte
+	ArgsDigest    string
+	// ApprovalID is the pending approval created for a require_approval
+	// decision, or the approval an allowed call used.
+	ApprovalID string
+	// ApprovalExpires is when the pending approval expires.
+	ApprovalExpires time.Time
+	CorrelationID   string
+	// EventID is the recorded decision event's id (the causation of the
+	// completion event).
+	EventID string
+	// Started is when the decision was made.
+	Started time.Time
+}
+
+// ErrAuditUnavailable is wrapped when the audit log cannot make an allow
+// durable: the call is denied rather than run unrecorded.
+var ErrAuditUnavailable = errors.New("audit log unavailable")
+
+// Authorize decides a call, creates or consumes the approval it needs, and
+// records the decision. An allowed call's record is durable before
+// Authorize returns; if it cannot be made durable the outcome is a deny with
+// code internal_error. Denials are queued without delaying the answer.
+func (g *Gate) Authorize(ctx context.Context, req Request) Outcome {
+	out := Outcome{CorrelationID: req.CorrelationID, Started: g.now()}
+	if out.CorrelationID == "" {
+		out.CorrelationID = audit.NewEventID()
+	}
+	snap := g.Snapshot()
+	call := toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
+		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Resources: req.Resources}
+
+	canon, err := approval.CanonicalArgs(req.Args)
+	if err == nil {
+		out.CanonicalArgs = canon
+		sum := sha256.Sum256(canon)
+		out.ArgsDigest = hex.EncodeToString(sum[:])
+		err = json.Unmarshal(canon, &out.Args)
+		if err == nil && out.Args == nil {
+			err = errors.New("arguments must be a JSON object")
+		}
+	}
+	if err != nil {
+		out.Decision = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeMalformedCall, Layer: toolgate.LayerComposition,
+			Reason: fmt.Sprintf("composition layer: the arguments are refused: %v; send one JSON object without duplicate keys", err),
+			ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
+		g.record(ctx, req, &out, false)
+		return out
+	}
+	call.Args = out.Args
+	d := snap.Decide(&call)
+	if d.Verdict == toolgate.RequireApproval {
+		d = g.approvalStep(ctx, req, &call, snap, d, &out)
+	}
+	out.Decision = d
+	if d.Verdict == toolgate.Allow {
+		if err := g.record(ctx, req, &out, true); err != nil {
+			out.Decision = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeInternalError, Layer: toolgate.LayerInternal,
+				Reason: fmt.Sprintf("the audit log cannot record this allow, so the call is refused rather than run unrecorded: %v", err),
+				ToolID: d.ToolID, ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
+			g.record(ctx, req, &out, false)
+		}
+		return out
+	}
+	g.record(ctx, req, &out, false)
+	return out
+}
+
+// approvalStep consumes a matching approval (turning the decision into an
+// allow) or creates a pending one.
+func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Call, snap *authz.Snapshot, d toolgate.Decision, out *Outcome) toolgate.Decision {
+	store := g.opts.Approvals
+	if store == nil {
+		d.Reason += " (this gateway has no approval store, so the call cannot be approved here)"
+		return d
+	}
+	b := approval.Binding{Principal: req.Principal, AgentID: req.AgentID, InstanceID: req.InstanceID,
+		Environment: req.Environment, ToolID: d.ToolID, ArgsDigest: out.ArgsDigest}
+	now := g.now()
+	if a, ok, err := store.ConsumeApproval(ctx, b.Digest(), now, out.CorrelationID); err != nil {
+		g.log.Error("consume approval", "err", err)
+	} else if ok {
+		call.Approved = true
+		ad := snap.Decide(call)
+		if ad.Verdict == toolgate.Allow {
+			out.ApprovalID = a.ID
+			ad.Reason = fmt.Sprintf("allowed with approval %s (approved by %s)", a.ID, a.DecidedBy)
+			return ad
+		}
+		// The policy changed since: the approval is spent, the new decision stands.
+		return ad
+	}
+	ttl := g.opts.ApprovalTTL
+	if ttl == 0 {
+		ttl = snap.Settings().ApprovalTTL.D()
+	}
+	if ttl == 0 {
+		ttl = 15 * time.Minute
+	}
+	a, err := approval.NewApproval(b, req.Principal, now, ttl)
+	if err == nil {
+		a.CorrelationID = out.CorrelationID
+		a.ToolName = req.Tool
+		a.AgentVersion = snap.AgentVersion(req.AgentID)
+		a.Args = out.CanonicalArgs
+		err = store.CreateApproval(ctx, a)
+	}
+	if err != nil {
+		d.Reason += fmt.Sprintf(" (the approval could not be stored: %v)", err)
+		return d
+	}
+	out.ApprovalID = a.ID
+	out.ApprovalExpires = a.ExpiresAt
+	d.Reason = fmt.Sprintf("%s; approval %s is pending until %s", d.Reason, a.ID, a.ExpiresAt.Format(time.RFC3339))
+	return d
+}
+
+func (g *Gate) event(req Request, out *Outcome) audit.Event {
+	d := out.Decision
+	mode := req.DeploymentMode
+	if mode == "" {
+		mode = g.Snapshot().Settings().DefaultDeploymentMode
+	}
+	ev := audit.Event{EventType: string(d.EventType), OccurredAt: out.Started, CorrelationID: out.CorrelationID,
+		CausationID: req.CausationID, AgentID: req.AgentID, AgentVersion: g.Snapshot().AgentVersion(req.AgentID),
+		Principal: req.Principal, InstanceID: req.InstanceID, Environment: req.Environment, ToolID: d.ToolID,
+		ToolName: req.Tool, Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
+		ArgsDigest: out.ArgsDigest, ApprovalID: out.ApprovalID, DeploymentMode: mode}
+	if req.Via != "" {
+		ev.Details = map[string]any{"via": req.Via}
+	}
+	return ev
+}
+
+// record writes the decision event: durable for an allow, queued otherwise.
+func (g *Gate) record(ctx context.Context, req Request, out *Outcome, durable bool) error {
+	rec := g.opts.Recorder
+	if rec == nil {
+		return nil
+	}
+	ev := g.event(req, out)
+	ev.EventID = audit.NewEventID()
+	out.EventID = ev.EventID
+	if durable {
+		if _, err := rec.Record(ctx, ev); err != nil {
+			return fmt.Errorf("%w: %v", ErrAuditUnavailable, err)
+		}
+		return nil
+	}
+	if err := rec.Enqueue(ev); err != nil {
+		g.log.Error("audit enqueue failed", "err", err, "event", ev.EventType)
+	}
+	return nil
+}
+
+// Result describes what a tool returned, for the completion event.
+type Result struct {
+	// Output is what was returned to the caller (its digest and size are
+	// recorded, not its content).
+	Output []byte
+	// Failed is true when the tool reported an error (an isError result) or
+	// could not be reached.
+	Failed bool
+	// Err is a failure to execute (nil when the tool ran).
+	Err      error
+	Attempts int
+}
+
+// Complete records agent.tool.completed or agent.tool.failed for an allowed
+// call, with the output digest, returned bytes, attempts and duration.
+func (g *Gate) Complete(ctx context.Context, req Request, out Outcome, res Result) {
+	rec := g.opts.Recorder
+	if rec == nil {
+		return
+	}
+	ev := g.event(req, &out)
+	ev.EventID = audit.NewEventID()
+	ev.CausationID = out.EventID
+	ev.OccurredAt = g.now()
+	ev.EventType = string(toolgate.EventCompleted)
+	if res.Failed || res.Err != nil {
+		ev.EventType = string(toolgate.EventFailed)
+	}
+	sum := sha256.Sum256(res.Output)
+	ev.OutputDigest = hex.EncodeToString(sum[:])
+	ev.ReturnedBytes = int64(len(res.Output))
+	ev.Attempts = res.Attempts
+	if ev.Attempts == 0 {
+		ev.Attempts = 1
+	}
+	ev.DurationMS = g.now().Sub(out.Started).Milliseconds()
+	if res.Err != nil {
+		ev.Reason = "the tool failed: " + res.Err.Error()
+	} else if res.Failed {
+		ev.Reason = "the tool returned an error result"
+	} else {
+		ev.Reason = "the tool ran"
+	}
+	if err := rec.Enqueue(ev); err != nil {
+		g.log.Error("audit enqueue failed", "err", err, "event", ev.EventType)
+	}
+}
+
+// RecordEvent queues an event that is not a call decision (bundle loaded or
+// rejected, definition changed, approval decided).
+func (g *Gate) RecordEvent(ev audit.Event) {
+	if g.opts.Recorder == nil {
+		return
+	}
+	if ev.OccurredAt.IsZero() {
+		ev.OccurredAt = g.now()
+	}
+	if err := g.opts.Recorder.Enqueue(ev); err != nil {
+		g.log.Error("audit enqueue failed", "err", err, "event", ev.EventType)
+	}
+}

@@ -1,0 +1,516 @@
+// Package httpapi is the gateway's JSON API (DESIGN.md §3): resolve an
+// active tool set, decide a call, list, approve and deny approvals, and
+// read the audit log, plus health, readiness and Prometheus metrics. It is
+// an enforcement point like the MCP proxy: every decision goes through
+// gate.Authorize, so it is recorded in the audit log and asks for the same
+// approvals, and it cannot disagree with the proxy.
+//
+// Routes (bodies are JSON, at most 1 MiB, sent with Content-Type
+// application/json; unknown fields are refused):
+//
+//	GET  /healthz                      200 "ok" while the process runs
+//	GET  /readyz                       200 "ok", or 503 with the reason
+//	GET  /metrics                      Prometheus exposition (with Options.Metrics)
+//	POST /v1/resolve                   IdentityFields → authz.Resolution (as toolgate resolve -o json)
+//	POST /v1/decide                    DecideRequest → DecisionResponse (200)
+//	                                   or Envelope (403 deny, 202 approval, 503 internal_error)
+//	GET  /v1/approvals?status=pending  ApprovalList (status: a status, a comma list, or all)
+//	POST /v1/approvals/{id}/approve    ApprovalDecisionRequest → approval.Approval
+//	POST /v1/approvals/{id}/deny       ApprovalDecisionRequest → approval.Approval
+//	GET  /v1/audit?from=SEQ&limit=N    AuditPage
+//
+// Every error is answered by WriteError as {"error":{"code","message"}}.
+//
+// Authentication is the caller's: with Options.Identify set, every /v1/
+// route needs an identity from it, and the identity alone says who calls
+// (fields in a body may only repeat it). Without Identify the API trusts
+// the body, for a gateway bound to loopback in development; it then
+// refuses to decide approvals, because it cannot tell who approves.
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/approval"
+	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/gate"
+	"github.com/toolgate/toolgate/metrics"
+)
+
+// Via is the enforcement point name this API gives the gate, the audit log
+// and the metrics.
+const Via = "http"
+
+// Page sizes of the list routes.
+const (
+	// DefaultAuditLimit is /v1/audit's limit when none is given.
+	DefaultAuditLimit = 100
+	// MaxLimit is the largest limit /v1/audit and /v1/approvals accept; it
+	// is also /v1/approvals' limit when none is given.
+	MaxLimit = 1000
+)
+
+// Options configures New; nil is valid (no metrics, always ready, no
+// authentication, no audit reading, a discarding logger).
+type Options struct {
+	// Metrics, when set, is served on /metrics and counts every decision
+	// made through /v1/decide.
+	Metrics *metrics.Metrics
+	// Ready reports why the gateway should not take traffic (for example
+	// the audit store failing); /readyz answers 503 with its error. The
+	// gate's audit recorder's error is checked too, after Ready.
+	Ready func() error
+	// Identify authenticates a request and returns who it acts as. Its
+	// error is answered with 401 (or the status of an *Error it returns).
+	// When set, a /v1/ request's agent, principal, instance, environment
+	// and deployment mode come only from the identity; a body naming
+	// other values is refused with 403.
+	Identify func(r *http.Request) (gate.Identity, error)
+	// Audit is the audit log /v1/audit reads; nil answers 501 there.
+	Audit audit.Store
+	// Logger gets request failures (5xx, panics); nil discards.
+	Logger *slog.Logger
+}
+
+// IdentityFields name who calls and where: the body of /v1/resolve and the
+// identity part of /v1/decide. With Options.Identify set they may be left
+// out; when given they must equal the authenticated identity's.
+type IdentityFields struct {
+	AgentID        string `json:"agent_id"`
+	DeploymentMode string `json:"deployment_mode"`
+	InstanceID     string `json:"instance_id"`
+	Environment    string `json:"environment"`
+	Principal      string `json:"principal"`
+}
+
+// DecideRequest is the body of /v1/decide. Without Options.Identify, an
+// empty principal means the bundle's Settings.default_principal.
+type DecideRequest struct {
+	// The identity fields, as in IdentityFields.
+	AgentID        string `json:"agent_id"`
+	DeploymentMode string `json:"deployment_mode"`
+	InstanceID     string `json:"instance_id"`
+	Environment    string `json:"environment"`
+	Principal      string `json:"principal"`
+	// Tool is the name as the model called it (required).
+	Tool string `json:"tool"`
+	// Args are the call's arguments, a JSON object (absent or null: {}).
+	Args json.RawMessage `json:"args"`
+	// Resources are what the call touches, when the caller can tell.
+	Resources []toolgate.Resource `json:"resources"`
+	// CorrelationID ties the call's events together; generated when empty.
+	CorrelationID string `json:"correlation_id"`
+	CausationID   string `json:"causation_id"`
+}
+
+// Identity returns the request's identity fields.
+func (r *DecideRequest) Identity() IdentityFields {
+	return IdentityFields{AgentID: r.AgentID, DeploymentMode: r.DeploymentMode, InstanceID: r.InstanceID,
+		Environment: r.Environment, Principal: r.Principal}
+}
+
+// DecisionResponse is the decision of /v1/decide: the whole answer for an
+// allow, and the "decision" of the Envelope otherwise.
+type DecisionResponse struct {
+	Verdict   string `json:"verdict"`
+	Code      string `json:"code"`
+	Layer     string `json:"layer"`
+	Reason    string `json:"reason"`
+	ToolID    string `json:"tool_id"`
+	EventType string `json:"event_type"`
+	// ApprovalID is the pending approval a require_approval created, or
+	// the approval an allow used.
+	ApprovalID string `json:"approval_id,omitempty"`
+	// ApprovalExpiresAt is when the pending approval expires.
+	ApprovalExpiresAt time.Time `json:"approval_expires_at,omitzero"`
+	// CorrelationID is the call's (the request's, or a generated one).
+	CorrelationID string `json:"correlation_id"`
+}
+
+// Envelope is the Outcome Envelope of a refused call: status "failure",
+// the reason in errors, where the call ran, and the decision.
+type Envelope struct {
+	Status           string           `json:"status"`
+	Errors           []string         `json:"errors"`
+	ExecutionContext ExecutionContext `json:"execution_context"`
+	Decision         DecisionResponse `json:"decision"`
+}
+
+// ExecutionContext is the Envelope's account of the call.
+type ExecutionContext struct {
+	CorrelationID string `json:"correlation_id"`
+	AgentID       string `json:"agent_id"`
+	Principal     string `json:"principal,omitempty"`
+	InstanceID    string `json:"instance_id,omitempty"`
+	Environment   string `json:"environment,omitempty"`
+	ToolName      string `json:"tool_name,omitempty"`
+}
+
+// ApprovalList is the answer of GET /v1/approvals, oldest first.
+type ApprovalList struct {
+	Approvals []approval.Approval `json:"approvals"`
+}
+
+// ApprovalDecisionRequest is the body of approve and deny (an empty body
+// is an empty reason).
+type ApprovalDecisionRequest struct {
+	Reason string `json:"reason"`
+}
+
+// AuditPage is the answer of GET /v1/audit: events with seq >= from, in
+// order, and the from of the next page (the last seq + 1, or from when
+// there were none), for paging and polling.
+type AuditPage struct {
+	Events   []audit.Event `json:"events"`
+	NextFrom int64         `json:"next_from"`
+}
+
+type server struct {
+	g   *gate.Gate
+	o   Options
+	log *slog.Logger
+}
+
+// handler is a route's work; an error is answered by WriteError.
+type handler func(w http.ResponseWriter, r *http.Request) error
+
+// New returns the API's handler, deciding with g. opts may be nil.
+func New(g *gate.Gate, opts *Options) http.Handler {
+	s := &server{g: g}
+	if opts != nil {
+		s.o = *opts
+	}
+	s.log = s.o.Logger
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	mux := http.NewServeMux()
+	route := func(pattern, method string, auth bool, h handler) {
+		mux.Handle(pattern, s.wrap(method, auth, h))
+	}
+	route("/healthz", http.MethodGet, false, s.healthz)
+	route("/readyz", http.MethodGet, false, s.readyz)
+	if s.o.Metrics != nil {
+		mux.Handle("/metrics", s.wrap(http.MethodGet, false, func(w http.ResponseWriter, r *http.Request) error {
+			s.o.Metrics.Handler().ServeHTTP(w, r)
+			return nil
+		}))
+	}
+	route("/v1/resolve", http.MethodPost, true, s.resolve)
+	route("/v1/decide", http.MethodPost, true, s.decide)
+	route("/v1/approvals", http.MethodGet, true, s.listApprovals)
+	route("/v1/approvals/{id}/approve", http.MethodPost, true, s.decideApproval(true))
+	route("/v1/approvals/{id}/deny", http.MethodPost, true, s.decideApproval(false))
+	route("/v1/audit", http.MethodGet, true, s.audit)
+	mux.Handle("/", s.wrap("", false, func(w http.ResponseWriter, r *http.Request) error {
+		return apiError(http.StatusNotFound, "not_found", "no route %s %s", r.Method, r.URL.Path)
+	}))
+	return mux
+}
+
+type ctxKey struct{}
+
+// wrap checks the method (GET also allows HEAD), authenticates when auth is
+// set, recovers panics, and answers errors.
+func (s *server) wrap(method string, auth bool, h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				s.log.Error("httpapi: panic", "method", r.Method, "path", r.URL.Path, "panic", p)
+				WriteError(w, fmt.Errorf("panic: %v", p))
+			}
+		}()
+		err := s.serve(w, r, method, auth, h)
+		if err == nil {
+			return
+		}
+		e := Classify(err)
+		if e.Status >= 500 {
+			s.log.Error("httpapi: request failed", "method", r.Method, "path", r.URL.Path, "status", e.Status, "err", err)
+		}
+		WriteError(w, e)
+	})
+}
+
+func (s *server) serve(w http.ResponseWriter, r *http.Request, method string, auth bool, h handler) error {
+	if method != "" && r.Method != method && !(method == http.MethodGet && r.Method == http.MethodHead) {
+		allow := method
+		if method == http.MethodGet {
+			allow += ", " + http.MethodHead
+		}
+		w.Header().Set("Allow", allow)
+		return apiError(http.StatusMethodNotAllowed, "method_not_allowed", "%s %s is not allowed; use %s", r.Method, r.URL.Path, method)
+	}
+	if auth && s.o.Identify != nil {
+		id, err := s.o.Identify(r)
+		if err != nil {
+			var ae *Error
+			if errors.As(err, &ae) {
+				return ae
+			}
+			return &Error{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "unauthenticated: " + err.Error(), Err: err}
+		}
+		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, id))
+	}
+	return h(w, r)
+}
+
+// authenticated returns the identity wrap stored, if Identify is set.
+func authenticated(r *http.Request) (gate.Identity, bool) {
+	id, ok := r.Context().Value(ctxKey{}).(gate.Identity)
+	return id, ok
+}
+
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) error {
+	writeText(w, http.StatusOK, "ok\n")
+	return nil
+}
+
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) error {
+	if s.o.Ready != nil {
+		if err := s.o.Ready(); err != nil {
+			return &Error{Status: http.StatusServiceUnavailable, Code: "not_ready", Message: "not ready: " + err.Error(), Err: err}
+		}
+	}
+	if rec := s.g.Recorder(); rec != nil {
+		if err := rec.Err(); err != nil {
+			return &Error{Status: http.StatusServiceUnavailable, Code: "not_ready", Message: "not ready: the audit log cannot write: " + err.Error(), Err: err}
+		}
+	}
+	writeText(w, http.StatusOK, "ok\n")
+	return nil
+}
+
+func writeText(w http.ResponseWriter, status int, text string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(text))
+}
+
+// identity returns who a /v1/resolve or /v1/decide request acts as: the
+// authenticated identity, which the body may only repeat, or, without
+// Identify, the body's fields (agent_id required).
+func (s *server) identity(r *http.Request, f IdentityFields) (gate.Identity, error) {
+	id, ok := authenticated(r)
+	if !ok {
+		if f.AgentID == "" {
+			return gate.Identity{}, apiError(http.StatusBadRequest, "bad_request", "agent_id is required")
+		}
+		return gate.Identity{Principal: f.Principal, AgentID: f.AgentID, InstanceID: f.InstanceID,
+			Environment: f.Environment, DeploymentMode: f.DeploymentMode}, nil
+	}
+	defMode := s.g.Snapshot().Settings().DefaultDeploymentMode
+	mode := func(m string) string {
+		if m == "" {
+			return defMode
+		}
+		return m
+	}
+	for _, c := range []struct{ field, body, want string }{
+		{"agent_id", f.AgentID, id.AgentID},
+		{"principal", f.Principal, id.Principal},
+		{"instance_id", f.InstanceID, id.InstanceID},
+		{"environment", f.Environment, id.Environment},
+		{"deployment_mode", mode(f.DeploymentMode), mode(id.DeploymentMode)},
+	} {
+		if c.body != "" && c.body != c.want {
+			s.log.Warn("httpapi: body names another identity", "path", r.URL.Path, "field", c.field,
+				"body", c.body, "identity", c.want, "agent_id", id.AgentID, "principal", id.Principal)
+			return gate.Identity{}, apiError(http.StatusForbidden, "identity_mismatch",
+				"%s %q in the body is not the authenticated identity's (%q); the credential alone decides who calls, so leave it out or send the same value",
+				c.field, c.body, c.want)
+		}
+	}
+	return id, nil
+}
+
+func (s *server) resolve(w http.ResponseWriter, r *http.Request) error {
+	var f IdentityFields
+	if err := decodeJSON(w, r, &f, false); err != nil {
+		return err
+	}
+	id, err := s.identity(r, f)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, s.g.Disclose(id).Resolution)
+	return nil
+}
+
+func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
+	var req DecideRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	if req.Tool == "" {
+		return apiError(http.StatusBadRequest, "bad_request", "tool is required: the tool name as the model called it")
+	}
+	id, err := s.identity(r, req.Identity())
+	if err != nil {
+		return err
+	}
+	if _, ok := authenticated(r); !ok && id.Principal == "" {
+		id.Principal = s.g.Snapshot().Settings().DefaultPrincipal
+	}
+	start := time.Now()
+	// The decision and its record complete even if the client goes away,
+	// so the audit log says what was decided, not that recording failed.
+	out := s.g.Authorize(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
+		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via})
+	s.o.Metrics.Decision(Via, out.Decision, time.Since(start))
+	d := out.Decision
+	resp := DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
+		ToolID: d.ToolID, EventType: string(d.EventType), ApprovalID: out.ApprovalID, ApprovalExpiresAt: out.ApprovalExpires,
+		CorrelationID: out.CorrelationID}
+	if d.Verdict == toolgate.Allow {
+		writeJSON(w, http.StatusOK, resp)
+		return nil
+	}
+	status := http.StatusForbidden
+	switch {
+	case d.Verdict == toolgate.RequireApproval:
+		status = http.StatusAccepted
+	case d.Code == toolgate.CodeInternalError:
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, Envelope{
+		Status: "failure",
+		Errors: []string{d.Reason},
+		ExecutionContext: ExecutionContext{CorrelationID: out.CorrelationID, AgentID: id.AgentID, Principal: id.Principal,
+			InstanceID: id.InstanceID, Environment: id.Environment, ToolName: req.Tool},
+		Decision: resp,
+	})
+	return nil
+}
+
+func (s *server) approvals() (approval.Store, error) {
+	st := s.g.Approvals()
+	if st == nil {
+		return nil, apiError(http.StatusNotImplemented, "no_approval_store", "this gateway has no approval store")
+	}
+	return st, nil
+}
+
+// limitParam reads a positive integer query parameter, def when absent.
+func limitParam(r *http.Request, name string, def int) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > MaxLimit {
+		return 0, apiError(http.StatusBadRequest, "bad_request", "%s=%q: want a whole number from 1 to %d", name, v, MaxLimit)
+	}
+	return n, nil
+}
+
+func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) error {
+	st, err := s.approvals()
+	if err != nil {
+		return err
+	}
+	f := approval.Filter{}
+	switch q := r.URL.Query().Get("status"); q {
+	case "", string(approval.StatusPending):
+		f.Status = []approval.Status{approval.StatusPending}
+	case "all":
+	default:
+		for _, p := range strings.Split(q, ",") {
+			stt := approval.Status(strings.TrimSpace(p))
+			if !stt.Valid() {
+				return apiError(http.StatusBadRequest, "bad_request",
+					"status=%q: want all, or one or more (comma-separated) of pending, approved, denied, expired, used", q)
+			}
+			f.Status = append(f.Status, stt)
+		}
+	}
+	if f.Limit, err = limitParam(r, "limit", MaxLimit); err != nil {
+		return err
+	}
+	as, err := st.ListApprovals(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	if as == nil {
+		as = []approval.Approval{}
+	}
+	writeJSON(w, http.StatusOK, ApprovalList{Approvals: as})
+	return nil
+}
+
+func (s *server) decideApproval(approve bool) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		st, err := s.approvals()
+		if err != nil {
+			return err
+		}
+		var req ApprovalDecisionRequest
+		if err := decodeJSON(w, r, &req, true); err != nil {
+			return err
+		}
+		id, ok := authenticated(r)
+		if !ok {
+			return apiError(http.StatusForbidden, "no_identity",
+				"this API has no authentication, so it cannot tell who approves; decide approvals with an authenticated API or with toolgate approvals approve|deny --as PRINCIPAL")
+		}
+		if id.Principal == "" {
+			return apiError(http.StatusForbidden, "no_identity", "the authenticated identity names no principal, so it cannot decide approvals")
+		}
+		a, ev, err := DecideApproval(context.WithoutCancel(r.Context()), st, r.PathValue("id"), approve, id.Principal, req.Reason, Via, s.g.Now())
+		if ev != nil {
+			s.g.RecordEvent(*ev)
+		}
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, a)
+		return nil
+	}
+}
+
+func (s *server) audit(w http.ResponseWriter, r *http.Request) error {
+	if s.o.Audit == nil {
+		return apiError(http.StatusNotImplemented, "no_audit_store", "this gateway serves no audit log")
+	}
+	from := int64(1)
+	if v := r.URL.Query().Get("from"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			return apiError(http.StatusBadRequest, "bad_request", "from=%q: want a sequence number, 1 or more", v)
+		}
+		from = n
+	}
+	limit, err := limitParam(r, "limit", DefaultAuditLimit)
+	if err != nil {
+		return err
+	}
+	recs, err := s.o.Audit.ReadRecords(r.Context(), from, limit)
+	if err != nil {
+		return err
+	}
+	page := AuditPage{Events: make([]audit.Event, 0, len(recs)), NextFrom: from}
+	for _, rec := range recs {
+		ev, err := rec.Event()
+		if err != nil {
+			return &Error{Status: http.StatusInternalServerError, Code: "audit_unreadable",
+				Message: fmt.Sprintf("the audit record at seq %d cannot be read (run toolgate audit verify): %v", rec.Seq, err), Err: err}
+		}
+		page.Events = append(page.Events, ev)
+		page.NextFrom = rec.Seq + 1
+	}
+	writeJSON(w, http.StatusOK, page)
+	return nil
+}

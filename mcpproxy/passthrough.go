@@ -1,0 +1,1166 @@
+package mcpproxy
+
+// Pass-through: everything but tools (DESIGN.md §3). Resources, prompts,
+// completions, logging, progress, cancellation, sampling, elicitation and
+// roots pass between the gateway's clients and its upstreams, so the gateway
+// stays a conforming MCP server. Tools never take this path: tools/list and
+// tools/call stay in the middleware of proxy.go, decided by gate.Authorize.
+//
+// How each part travels:
+//
+//   - Resources, resource templates and prompts are mirrored into the
+//     gateway's mcp.Server (AddResource, AddResourceTemplate, AddPrompt) with
+//     handlers that forward resources/read and prompts/get to the owning
+//     upstream. The mirror is rebuilt when an upstream's tools are (re)listed,
+//     when it sends resources/list_changed or prompts/list_changed, and when
+//     a forwarded request finds that its session was replaced (a restart).
+//     The SDK then sends list_changed to the gateway's clients. A resource
+//     URI or template belongs to the first upstream that announced it (a
+//     clash is logged and the later one skipped); prompts get the upstream's
+//     tool_prefix, like its tools. resources/read of a URI nobody listed
+//     goes to the one upstream that declares resources, if there is exactly
+//     one; otherwise it is "Resource not found".
+//   - completion/complete goes to the owner of the referenced prompt or
+//     resource (template); resources/subscribe and unsubscribe go to the
+//     owner of the URI, which is subscribed once however many clients
+//     subscribe, and unsubscribed when the last one leaves. An upstream's
+//     notifications/resources/updated reaches only the clients subscribed
+//     to that URI.
+//   - logging/setLevel is answered by the SDK for the calling session, and
+//     the most verbose level any connected client asked for is set on every
+//     upstream that declares logging; each client then gets only messages at
+//     or above its own level.
+//   - ping is answered by the gateway itself; notifications/cancelled
+//     cancels the handler's context, and the SDK client then sends
+//     notifications/cancelled to the upstream for the forwarded request.
+//
+// Upstream-to-client traffic is attributed to a client session by tracking
+// the requests each session has in flight on each upstream session:
+//
+//   - notifications/progress: the client's progressToken is forwarded as is
+//     unless another request in flight on that upstream already uses it, in
+//     which case a gateway token replaces it. Progress goes back, with the
+//     client's own token, to the calling session only.
+//   - sampling/createMessage, elicitation/create and roots/list that an
+//     upstream sends while serving requests of exactly one client session go
+//     to that session (on the stream of its request). When requests of
+//     several sessions are in flight on that upstream the request cannot be
+//     attributed and is refused, never sent to a client that may not own
+//     it. A session that did not declare sampling, elicitation (of that
+//     mode) or roots is never asked: the upstream gets an error. roots/list
+//     outside any request (server-filesystem asks after initialize) is
+//     answered with an empty list, which keeps such a server's own
+//     configuration.
+//   - notifications/message: to the one session with requests in flight (or
+//     finished in the last moment, doneLinger); to every session when none
+//     is; dropped when several sessions' requests are in flight.
+//   - notifications/elicitation/complete: to the session that received the
+//     URL elicitation with that id.
+//
+// Because the gateway's upstream sessions are shared by all its clients and
+// exist before any client connects, the gateway declares sampling (with
+// tools), elicitation (form and url) and roots to every upstream
+// (RelayUpstream), and checks each client's own capabilities per request.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolgate/toolgate/upstream"
+)
+
+const (
+	// passTimeout bounds one forwarded request that is not a tools/call
+	// (those use the upstream's call_timeout) and one mirror refresh.
+	passTimeout = upstream.DefaultCallTimeout
+	// notifyTimeout bounds sending one relayed notification.
+	notifyTimeout = 5 * time.Second
+	// doneLinger is how long a finished request still attributes an
+	// upstream's log messages to its session: a message sent just before
+	// the result can be handled just after it.
+	doneLinger = 2 * time.Second
+	// gatewayTokenPrefix starts the progress tokens the gateway substitutes
+	// for a client's token that another request already uses.
+	gatewayTokenPrefix = "toolgate-progress-"
+)
+
+// RelayUpstream installs in o the handlers that carry upstream-to-client
+// traffic (sampling, elicitation, roots, progress, logging, resource and
+// prompt notifications) to the proxy that proxy returns, and the client
+// capabilities that let upstreams use them: sampling with tools,
+// elicitation in form and url mode, roots (without listChanged). proxy is
+// called for each message; while it returns nil (before the proxy exists)
+// upstream requests are refused and notifications dropped. Handlers already
+// set in o are replaced; o.ClientCapabilities is kept if set.
+func RelayUpstream(o *upstream.Options, proxy func() *Proxy) {
+	get := func() *relay {
+		if p := proxy(); p != nil {
+			return p.relay
+		}
+		return nil
+	}
+	notReady := func(method string) error {
+		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "toolgate: " + method + " refused: the gateway is not serving yet"}
+	}
+	if o.ClientCapabilities == nil {
+		o.ClientCapabilities = &mcp.ClientCapabilities{
+			Elicitation: &mcp.ElicitationCapabilities{Form: &mcp.FormElicitationCapabilities{}, URL: &mcp.URLElicitationCapabilities{}},
+		}
+	}
+	o.CreateMessage = func(ctx context.Context, name string, req *mcp.CreateMessageWithToolsRequest) (*mcp.CreateMessageWithToolsResult, error) {
+		if r := get(); r != nil {
+			return r.createMessage(ctx, name, req)
+		}
+		return nil, notReady("sampling/createMessage")
+	}
+	o.Elicit = func(ctx context.Context, name string, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		if r := get(); r != nil {
+			return r.elicit(ctx, name, req)
+		}
+		return nil, notReady("elicitation/create")
+	}
+	o.ListRoots = func(ctx context.Context, name string, req *mcp.ListRootsRequest) (*mcp.ListRootsResult, error) {
+		if r := get(); r != nil {
+			return r.listRoots(ctx, name, req)
+		}
+		return &mcp.ListRootsResult{Roots: []*mcp.Root{}}, nil
+	}
+	o.Progress = func(ctx context.Context, name string, req *mcp.ProgressNotificationClientRequest) {
+		if r := get(); r != nil {
+			r.progress(name, req)
+		}
+	}
+	o.LoggingMessage = func(ctx context.Context, name string, req *mcp.LoggingMessageRequest) {
+		if r := get(); r != nil {
+			r.logMessage(name, req)
+		}
+	}
+	o.ResourceUpdated = func(ctx context.Context, name string, req *mcp.ResourceUpdatedNotificationRequest) {
+		if r := get(); r != nil {
+			r.resourceUpdated(name, req)
+		}
+	}
+	o.ResourceListChanged = func(ctx context.Context, name string, req *mcp.ResourceListChangedRequest) {
+		if r := get(); r != nil {
+			r.resync(name)
+		}
+	}
+	o.PromptListChanged = func(ctx context.Context, name string, req *mcp.PromptListChangedRequest) {
+		if r := get(); r != nil {
+			r.resync(name)
+		}
+	}
+	o.ElicitationComplete = func(ctx context.Context, name string, req *mcp.ElicitationCompleteNotificationRequest) {
+		if r := get(); r != nil {
+			r.elicitationComplete(name, req)
+		}
+	}
+}
+
+// relay is the pass-through state of one Proxy.
+type relay struct {
+	p *Proxy
+
+	mu        sync.Mutex
+	seq       uint64
+	calls     []*inflight              // in flight, and finished within doneLinger
+	ups       map[string]*upState      // by upstream name
+	resOwner  map[string]string        // resource URI → upstream
+	tmplOwner map[string]string        // URI template → upstream
+	prompts   map[string]promptRef     // name the client sees → owner
+	subs      map[string]*subscription // resource URI → who subscribed
+	levels    map[*mcp.ServerSession]mcp.LoggingLevel
+	elicits   map[string]*mcp.ServerSession // URL elicitation id → session asked
+}
+
+// upState is what the relay knows of one upstream.
+type upState struct {
+	known  bool   // SetTools has named it (prefix is valid)
+	prefix string // tool_prefix, also used for its prompts
+	// synced is the session the mirror was last built from; a different
+	// live session means the upstream restarted.
+	synced         *mcp.ClientSession
+	syncing, again bool
+	caps           mcp.ServerCapabilities
+	level          mcp.LoggingLevel  // last set on synced
+	resources      map[string]string // URI → JSON of the mirrored definition
+	templates      map[string]string // URI template → JSON
+	prompts        map[string]string // name the client sees → JSON
+}
+
+type promptRef struct{ upstream, name string }
+
+type subscription struct {
+	upstream string
+	sessions map[*mcp.ServerSession]bool
+}
+
+// inflight is one request a client session has in flight on an upstream.
+type inflight struct {
+	upstream string
+	cs       *mcp.ClientSession // the upstream session it was sent on
+	ss       *mcp.ServerSession // the client session that sent it
+	ctx      context.Context    // its handler context: routes to its stream
+	token    string             // key of the progress token sent upstream; "" if none
+	client   any                // the client's own progress token
+	done     time.Time          // zero while in flight
+}
+
+func newRelay(p *Proxy) *relay {
+	return &relay{p: p, ups: map[string]*upState{}, resOwner: map[string]string{}, tmplOwner: map[string]string{},
+		prompts: map[string]promptRef{}, subs: map[string]*subscription{}, levels: map[*mcp.ServerSession]mcp.LoggingLevel{},
+		elicits: map[string]*mcp.ServerSession{}}
+}
+
+// configure adds the pass-through capabilities and handlers to the
+// gateway's server options.
+func (r *relay) configure(o *mcp.ServerOptions) {
+	if o.Capabilities == nil {
+		o.Capabilities = &mcp.ServerCapabilities{}
+	}
+	o.Capabilities.Resources = &mcp.ResourceCapabilities{ListChanged: true, Subscribe: true}
+	o.Capabilities.Prompts = &mcp.PromptCapabilities{ListChanged: true}
+	o.Capabilities.Completions = &mcp.CompletionCapabilities{}
+	o.Capabilities.Logging = &mcp.LoggingCapabilities{}
+	o.CompletionHandler = r.complete
+	o.SubscribeHandler = r.subscribe
+	o.UnsubscribeHandler = r.unsubscribe
+}
+
+func (r *relay) upLocked(name string) *upState {
+	st := r.ups[name]
+	if st == nil {
+		st = &upState{resources: map[string]string{}, templates: map[string]string{}, prompts: map[string]string{}}
+		r.ups[name] = st
+	}
+	return st
+}
+
+// upstreamChanged is called when an upstream's tools were (re)listed: it
+// records the upstream's prefix and refreshes its mirror.
+func (r *relay) upstreamChanged(name, prefix string) {
+	r.mu.Lock()
+	st := r.upLocked(name)
+	st.known, st.prefix = true, prefix
+	r.mu.Unlock()
+	r.resync(name)
+}
+
+// handle is the receiving middleware's part for methods other than tools.
+func (r *relay) handle(ctx context.Context, method string, req mcp.Request, next mcp.MethodHandler) (mcp.Result, error) {
+	switch q := req.(type) {
+	case *mcp.ServerRequest[*mcp.SetLoggingLevelParams]:
+		res, err := next(ctx, method, req)
+		if err == nil && q.Params != nil {
+			r.setLevel(ctx, q.Session, q.Params.Level)
+		}
+		return res, err
+	case *mcp.ReadResourceRequest:
+		res, err := next(ctx, method, req)
+		if isResourceNotFound(err) && q.Params != nil {
+			if name, ok := r.soleResourceUpstream(); ok {
+				return r.read(ctx, name, q)
+			}
+		}
+		return res, err
+	}
+	return next(ctx, method, req)
+}
+
+// --- request tracking ---------------------------------------------------
+
+// call is a request being forwarded to an upstream.
+type call struct {
+	cs   *mcp.ClientSession
+	meta mcp.Meta // the meta to send (progress token possibly replaced)
+	rec  *inflight
+	r    *relay
+}
+
+// end marks the request finished.
+func (c *call) end() {
+	c.r.mu.Lock()
+	c.rec.done = time.Now()
+	c.r.mu.Unlock()
+}
+
+// begin registers a request of client session ss (nil for none) about to be
+// forwarded to upstream name with meta, and returns the upstream session to
+// use. Call end when the answer is in. It fails when the upstream is down.
+func (r *relay) begin(ctx context.Context, name string, ss *mcp.ServerSession, meta mcp.Meta) (*call, error) {
+	if r.p.ups == nil {
+		return nil, errors.New("no upstreams are configured")
+	}
+	cs, err := r.p.ups.Session(name)
+	if err != nil {
+		return nil, err
+	}
+	c := r.track(ctx, name, cs, ss, meta)
+	r.mu.Lock()
+	st := r.upLocked(name)
+	stale := st.known && st.synced != cs
+	r.mu.Unlock()
+	if stale {
+		r.resync(name) // the upstream restarted since its mirror was built
+	}
+	return c, nil
+}
+
+// track registers the request, replacing its progress token when another
+// request in flight on the upstream uses the same one.
+func (r *relay) track(ctx context.Context, name string, cs *mcp.ClientSession, ss *mcp.ServerSession, meta mcp.Meta) *call {
+	rec := &inflight{upstream: name, cs: cs, ss: ss, ctx: ctx}
+	c := &call{cs: cs, meta: meta, rec: rec, r: r}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pruneLocked(time.Now())
+	if tok, ok := meta["progressToken"]; ok && tok != nil {
+		key := tokenKey(tok)
+		replaced := false
+		for r.tokenUsedLocked(name, key) {
+			r.seq++
+			tok = gatewayTokenPrefix + strconv.FormatUint(r.seq, 10)
+			key, replaced = tokenKey(tok), true
+		}
+		rec.token, rec.client = key, meta["progressToken"]
+		if replaced {
+			c.meta = maps.Clone(meta)
+			c.meta["progressToken"] = tok
+		}
+	}
+	r.calls = append(r.calls, rec)
+	return c
+}
+
+// tokenKey is a comparable form of a progress token (a string or a number).
+func tokenKey(tok any) string {
+	b, err := json.Marshal(tok)
+	if err != nil {
+		return fmt.Sprintf("%T:%v", tok, tok)
+	}
+	return string(b)
+}
+
+func (r *relay) tokenUsedLocked(name, key string) bool {
+	for _, c := range r.calls {
+		if c.upstream == name && c.token == key {
+			return true
+		}
+	}
+	return false
+}
+
+// pruneLocked drops requests that finished more than doneLinger ago.
+func (r *relay) pruneLocked(now time.Time) {
+	r.calls = slices.DeleteFunc(r.calls, func(c *inflight) bool {
+		return !c.done.IsZero() && now.Sub(c.done) > doneLinger
+	})
+}
+
+// attribute returns the latest request of the one client session whose
+// requests are in flight on upstream name's session cs, counting requests
+// finished within doneLinger when linger is set; sessions is how many
+// distinct client sessions have such requests (rec is nil unless it is 1).
+func (r *relay) attribute(name string, cs *mcp.ClientSession, linger bool) (rec *inflight, sessions int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pruneLocked(time.Now())
+	seen := map[*mcp.ServerSession]bool{}
+	for _, c := range r.calls {
+		if c.upstream != name || c.cs != cs || c.ss == nil || (!linger && !c.done.IsZero()) {
+			continue
+		}
+		seen[c.ss] = true
+		if rec == nil || c.done.IsZero() || !rec.done.IsZero() {
+			rec = c // prefer the latest, and one still in flight
+		}
+	}
+	if len(seen) != 1 {
+		return nil, len(seen)
+	}
+	return rec, 1
+}
+
+// requester returns the request an upstream's request (method) belongs to,
+// or a JSON-RPC error saying why there is none.
+func (r *relay) requester(name string, cs *mcp.ClientSession, method string) (*inflight, error) {
+	rec, n := r.attribute(name, cs, false)
+	switch {
+	case rec != nil:
+		return rec, nil
+	case n == 0:
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest,
+			Message: fmt.Sprintf("toolgate: %s refused: the gateway relays it only while it serves a request of one client, and no request to upstream %s is in flight", method, name)}
+	default:
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest,
+			Message: fmt.Sprintf("toolgate: %s refused: requests of %d clients are in flight on upstream %s, so the gateway cannot tell which client it is for", method, n, name)}
+	}
+}
+
+// relayCtx is a context that routes to rec's stream and ends when either
+// rec's request or the upstream's request (upCtx) ends.
+func relayCtx(rec *inflight, upCtx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(rec.ctx)
+	stop := context.AfterFunc(upCtx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+func missingCapability(method, what string) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound,
+		Message: fmt.Sprintf("toolgate: %s refused: the client this request is for did not declare %s", method, what)}
+}
+
+func clientCaps(ss *mcp.ServerSession) *mcp.ClientCapabilities {
+	if ip := ss.InitializeParams(); ip != nil && ip.Capabilities != nil {
+		return ip.Capabilities
+	}
+	return &mcp.ClientCapabilities{}
+}
+
+// --- upstream-to-client requests ------------------------------------------
+
+func (r *relay) createMessage(ctx context.Context, name string, req *mcp.CreateMessageWithToolsRequest) (*mcp.CreateMessageWithToolsResult, error) {
+	const method = "sampling/createMessage"
+	rec, err := r.requester(name, req.Session, method)
+	if err != nil {
+		return nil, err
+	}
+	caps := clientCaps(rec.ss)
+	if caps.Sampling == nil {
+		return nil, missingCapability(method, "sampling")
+	}
+	if req.Params != nil && len(req.Params.Tools) > 0 && caps.Sampling.Tools == nil {
+		return nil, missingCapability(method, "sampling with tools")
+	}
+	cctx, cancel := relayCtx(rec, ctx)
+	defer cancel()
+	res, err := rec.ss.CreateMessageWithTools(cctx, req.Params)
+	return res, clientError(method, err)
+}
+
+func (r *relay) elicit(ctx context.Context, name string, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+	const method = "elicitation/create"
+	rec, err := r.requester(name, req.Session, method)
+	if err != nil {
+		return nil, err
+	}
+	caps := clientCaps(rec.ss).Elicitation
+	if caps == nil {
+		return nil, missingCapability(method, "elicitation")
+	}
+	url := req.Params != nil && (req.Params.Mode == "url" || (req.Params.Mode == "" && req.Params.URL != ""))
+	if url && caps.URL == nil {
+		return nil, missingCapability(method, "url elicitation")
+	}
+	if url && req.Params.ElicitationID != "" {
+		r.mu.Lock()
+		r.elicits[req.Params.ElicitationID] = rec.ss
+		r.mu.Unlock()
+	}
+	cctx, cancel := relayCtx(rec, ctx)
+	defer cancel()
+	res, err := rec.ss.Elicit(cctx, req.Params)
+	return res, clientError(method, err)
+}
+
+func (r *relay) listRoots(ctx context.Context, name string, req *mcp.ListRootsRequest) (*mcp.ListRootsResult, error) {
+	const method = "roots/list"
+	rec, n := r.attribute(name, req.Session, false)
+	if n == 0 {
+		return &mcp.ListRootsResult{Roots: []*mcp.Root{}}, nil
+	}
+	if rec == nil {
+		_, err := r.requester(name, req.Session, method)
+		return nil, err
+	}
+	if clientCaps(rec.ss).RootsV2 == nil {
+		return nil, missingCapability(method, "roots")
+	}
+	cctx, cancel := relayCtx(rec, ctx)
+	defer cancel()
+	res, err := rec.ss.ListRoots(cctx, req.Params)
+	return res, clientError(method, err)
+}
+
+// clientError passes a client's JSON-RPC error back to the upstream as is;
+// other failures become an internal error.
+func clientError(method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var rpcErr *jsonrpc.Error
+	if errors.As(err, &rpcErr) {
+		return rpcErr
+	}
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("toolgate: %s: the client did not answer: %v", method, err)}
+}
+
+// --- upstream-to-client notifications ---------------------------------------
+
+func (r *relay) progress(name string, req *mcp.ProgressNotificationClientRequest) {
+	if req.Params == nil {
+		return
+	}
+	key := tokenKey(req.Params.ProgressToken)
+	r.mu.Lock()
+	var rec *inflight
+	for _, c := range r.calls {
+		if c.upstream == name && c.cs == req.Session && c.token == key && c.done.IsZero() && c.ss != nil {
+			rec = c
+		}
+	}
+	r.mu.Unlock()
+	if rec == nil {
+		r.p.log.Debug("progress notification dropped: no request in flight with its token", "upstream", name)
+		return
+	}
+	p := *req.Params
+	p.ProgressToken = rec.client
+	if err := rec.ss.NotifyProgress(rec.ctx, &p); err != nil {
+		r.p.log.Debug("progress notification not delivered", "upstream", name, "err", err)
+	}
+}
+
+func (r *relay) logMessage(name string, req *mcp.LoggingMessageRequest) {
+	if req.Params == nil {
+		return
+	}
+	rec, n := r.attribute(name, req.Session, true)
+	switch {
+	case rec != nil:
+		if rec.done.IsZero() && rec.ss.Log(rec.ctx, req.Params) == nil {
+			return
+		}
+		// The request has finished (its stream is closed): use the
+		// session's standalone stream.
+		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+		defer cancel()
+		rec.ss.Log(ctx, req.Params)
+	case n == 0:
+		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+		defer cancel()
+		for ss := range r.p.server.Sessions() {
+			ss.Log(ctx, req.Params) // each session's own level filters
+		}
+	default:
+		r.p.log.Debug("log message dropped: requests of several clients are in flight on its upstream", "upstream", name, "clients", n)
+	}
+}
+
+func (r *relay) resourceUpdated(name string, req *mcp.ResourceUpdatedNotificationRequest) {
+	if req.Params == nil {
+		return
+	}
+	r.pruneSessions()
+	r.mu.Lock()
+	s := r.subs[req.Params.URI]
+	ok := s != nil && s.upstream == name
+	r.mu.Unlock()
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+	defer cancel()
+	r.p.server.ResourceUpdated(ctx, req.Params) // to the subscribed sessions only
+}
+
+func (r *relay) elicitationComplete(name string, req *mcp.ElicitationCompleteNotificationRequest) {
+	if req.Params == nil {
+		return
+	}
+	r.mu.Lock()
+	ss := r.elicits[req.Params.ElicitationID]
+	delete(r.elicits, req.Params.ElicitationID)
+	r.mu.Unlock()
+	if ss == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+	defer cancel()
+	ss.NotifyElicitationComplete(ctx, req.Params)
+}
+
+// --- client-to-upstream requests --------------------------------------------
+
+// upstreamError passes an upstream's JSON-RPC error on as is; other
+// failures become an internal error naming the upstream (details are
+// logged, not sent).
+func (r *relay) upstreamError(name, method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var rpcErr *jsonrpc.Error
+	if errors.As(err, &rpcErr) && rpcErr.Code != -32005 { // -32005: the SDK's local "rejected by transport"
+		return rpcErr
+	}
+	r.p.log.Warn("pass-through request failed", "upstream", name, "method", method, "err", err)
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("toolgate: upstream %s could not answer %s; try again later", name, method)}
+}
+
+func (r *relay) read(ctx context.Context, name string, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+	c, err := r.begin(ctx, name, req.Session, req.Params.Meta)
+	if err != nil {
+		return nil, r.upstreamError(name, "resources/read", err)
+	}
+	defer c.end()
+	ctx, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
+	res, err := c.cs.ReadResource(ctx, &mcp.ReadResourceParams{Meta: c.meta, URI: req.Params.URI})
+	return res, r.upstreamError(name, "resources/read", err)
+}
+
+func (r *relay) getPrompt(ctx context.Context, ref promptRef, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+	c, err := r.begin(ctx, ref.upstream, req.Session, req.Params.Meta)
+	if err != nil {
+		return nil, r.upstreamError(ref.upstream, "prompts/get", err)
+	}
+	defer c.end()
+	ctx, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
+	res, err := c.cs.GetPrompt(ctx, &mcp.GetPromptParams{Meta: c.meta, Name: ref.name, Arguments: req.Params.Arguments})
+	return res, r.upstreamError(ref.upstream, "prompts/get", err)
+}
+
+// complete answers completion/complete from the owner of the referenced
+// prompt or resource. An owner without completions gives no values.
+func (r *relay) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
+	ref := req.Params.Ref
+	var name string
+	out := *ref
+	r.mu.Lock()
+	switch ref.Type {
+	case "ref/prompt":
+		if p, ok := r.prompts[ref.Name]; ok {
+			name, out.Name = p.upstream, p.name
+		}
+	case "ref/resource":
+		name = r.tmplOwner[ref.URI]
+		if name == "" {
+			name = r.resOwner[ref.URI]
+		}
+	}
+	var completions bool
+	if st := r.ups[name]; st != nil {
+		completions = st.caps.Completions != nil
+	}
+	r.mu.Unlock()
+	if name == "" {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("completion/complete: unknown reference %s %q", ref.Type, ref.Name+ref.URI)}
+	}
+	if !completions {
+		return &mcp.CompleteResult{Completion: mcp.CompletionResultDetails{Values: []string{}}}, nil
+	}
+	c, err := r.begin(ctx, name, req.Session, req.Params.Meta)
+	if err != nil {
+		return nil, r.upstreamError(name, "completion/complete", err)
+	}
+	defer c.end()
+	ctx, cancel := context.WithTimeout(ctx, passTimeout)
+	defer cancel()
+	res, err := c.cs.Complete(ctx, &mcp.CompleteParams{Meta: c.meta, Argument: req.Params.Argument, Context: req.Params.Context, Ref: &out})
+	return res, r.upstreamError(name, "completion/complete", err)
+}
+
+// ownerOf returns the upstream a resource URI belongs to: the one that
+// listed it, else the only upstream that declares resources.
+func (r *relay) ownerOf(uri string) (string, bool) {
+	r.mu.Lock()
+	name, ok := r.resOwner[uri]
+	r.mu.Unlock()
+	if ok {
+		return name, true
+	}
+	return r.soleResourceUpstream()
+}
+
+func (r *relay) soleResourceUpstream() (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var found []string
+	for name, st := range r.ups {
+		if st.caps.Resources != nil {
+			found = append(found, name)
+		}
+	}
+	if len(found) == 1 {
+		return found[0], true
+	}
+	return "", false
+}
+
+func isResourceNotFound(err error) bool {
+	var rpcErr *jsonrpc.Error
+	return errors.As(err, &rpcErr) && rpcErr.Code == mcp.CodeResourceNotFound && rpcErr.Message == "Resource not found"
+}
+
+// subscribe subscribes the owner of the URI once, for the first client
+// session that subscribes to it.
+func (r *relay) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error {
+	uri := req.Params.URI
+	name, ok := r.ownerOf(uri)
+	if !ok {
+		return mcp.ResourceNotFoundError(uri)
+	}
+	r.pruneSessions()
+	r.mu.Lock()
+	st := r.upLocked(name)
+	if st.caps.Resources == nil || !st.caps.Resources.Subscribe {
+		r.mu.Unlock()
+		return &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("resources/subscribe: upstream %s does not support resource subscriptions", name)}
+	}
+	s := r.subs[uri]
+	first := s == nil || len(s.sessions) == 0
+	if s == nil {
+		s = &subscription{upstream: name, sessions: map[*mcp.ServerSession]bool{}}
+		r.subs[uri] = s
+	}
+	s.sessions[req.Session] = true
+	r.mu.Unlock()
+	if !first {
+		return nil
+	}
+	c, err := r.begin(ctx, name, req.Session, nil)
+	if err == nil {
+		defer c.end()
+		sctx, cancel := context.WithTimeout(ctx, passTimeout)
+		defer cancel()
+		err = c.cs.Subscribe(sctx, &mcp.SubscribeParams{URI: uri})
+	}
+	if err != nil {
+		r.mu.Lock()
+		delete(s.sessions, req.Session)
+		r.mu.Unlock()
+		return r.upstreamError(name, "resources/subscribe", err)
+	}
+	return nil
+}
+
+// unsubscribe removes the session and unsubscribes the upstream when no
+// session is left.
+func (r *relay) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest) error {
+	r.pruneSessions()
+	r.mu.Lock()
+	s := r.subs[req.Params.URI]
+	last := s != nil && s.sessions[req.Session] && len(s.sessions) == 1
+	if s != nil {
+		delete(s.sessions, req.Session)
+	}
+	r.mu.Unlock()
+	if last {
+		r.unsubscribeUpstream(ctx, s.upstream, req.Params.URI)
+	}
+	return nil
+}
+
+func (r *relay) unsubscribeUpstream(ctx context.Context, name, uri string) {
+	r.mu.Lock()
+	if s := r.subs[uri]; s != nil && len(s.sessions) == 0 {
+		delete(r.subs, uri)
+	}
+	r.mu.Unlock()
+	if r.p.ups == nil {
+		return
+	}
+	cs, err := r.p.ups.Session(name)
+	if err != nil {
+		return // a new session starts without subscriptions
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), passTimeout)
+	defer cancel()
+	if err := cs.Unsubscribe(ctx, &mcp.UnsubscribeParams{URI: uri}); err != nil {
+		r.p.log.Debug("upstream unsubscribe failed", "upstream", name, "uri", uri, "err", err)
+	}
+}
+
+// pruneSessions forgets the state of client sessions that have closed, and
+// unsubscribes upstreams from URIs nobody watches any more.
+func (r *relay) pruneSessions() {
+	live := map[*mcp.ServerSession]bool{}
+	for ss := range r.p.server.Sessions() {
+		live[ss] = true
+	}
+	type unsub struct{ name, uri string }
+	var drop []unsub
+	r.mu.Lock()
+	for ss := range r.levels {
+		if !live[ss] {
+			delete(r.levels, ss)
+		}
+	}
+	for id, ss := range r.elicits {
+		if !live[ss] {
+			delete(r.elicits, id)
+		}
+	}
+	for uri, s := range r.subs {
+		before := len(s.sessions)
+		for ss := range s.sessions {
+			if !live[ss] {
+				delete(s.sessions, ss)
+			}
+		}
+		if before > 0 && len(s.sessions) == 0 {
+			drop = append(drop, unsub{s.upstream, uri})
+		}
+	}
+	r.mu.Unlock()
+	for _, d := range drop {
+		r.unsubscribeUpstream(context.Background(), d.name, d.uri)
+	}
+}
+
+// --- logging levels -----------------------------------------------------
+
+// levelRank orders logging levels from debug (0) to emergency (7); -1 for
+// an unknown level.
+func levelRank(l mcp.LoggingLevel) int {
+	switch l {
+	case "debug":
+		return 0
+	case "info":
+		return 1
+	case "notice":
+		return 2
+	case "warning":
+		return 3
+	case "error":
+		return 4
+	case "critical":
+		return 5
+	case "alert":
+		return 6
+	case "emergency":
+		return 7
+	}
+	return -1
+}
+
+// wantLevelLocked is the most verbose level any live session asked for, or
+// "" if none did.
+func (r *relay) wantLevelLocked() mcp.LoggingLevel {
+	var want mcp.LoggingLevel
+	for _, l := range r.levels {
+		if levelRank(l) >= 0 && (want == "" || levelRank(l) < levelRank(want)) {
+			want = l
+		}
+	}
+	return want
+}
+
+// setLevel records ss's level and sets the most verbose level wanted on
+// every upstream that declares logging and has a different one.
+func (r *relay) setLevel(ctx context.Context, ss *mcp.ServerSession, level mcp.LoggingLevel) {
+	r.pruneSessions()
+	r.mu.Lock()
+	r.levels[ss] = level
+	names := slices.Sorted(maps.Keys(r.ups))
+	r.mu.Unlock()
+	for _, name := range names {
+		r.applyLevel(ctx, name)
+	}
+}
+
+// applyLevel sets the wanted level on upstream name if it declares logging
+// and its current session has another level.
+func (r *relay) applyLevel(ctx context.Context, name string) {
+	if r.p.ups == nil {
+		return
+	}
+	cs, err := r.p.ups.Session(name)
+	if err != nil {
+		return
+	}
+	r.mu.Lock()
+	st := r.upLocked(name)
+	want := r.wantLevelLocked()
+	skip := want == "" || st.caps.Logging == nil || st.synced != cs || st.level == want
+	r.mu.Unlock()
+	if skip {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), passTimeout)
+	defer cancel()
+	if err := cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: want}); err != nil {
+		r.p.log.Warn("upstream logging/setLevel failed", "upstream", name, "level", want, "err", err)
+		return
+	}
+	r.mu.Lock()
+	if st.synced == cs {
+		st.level = want
+	}
+	r.mu.Unlock()
+}
+
+// --- mirroring ----------------------------------------------------------
+
+// resync refreshes upstream name's mirror in the background; calls while
+// one runs are merged into one more run.
+func (r *relay) resync(name string) {
+	r.mu.Lock()
+	st := r.upLocked(name)
+	if !st.known {
+		r.mu.Unlock()
+		return
+	}
+	if st.syncing {
+		st.again = true
+		r.mu.Unlock()
+		return
+	}
+	st.syncing = true
+	r.mu.Unlock()
+	go func() {
+		for {
+			r.sync(name)
+			r.mu.Lock()
+			if !st.again {
+				st.syncing = false
+				r.mu.Unlock()
+				return
+			}
+			st.again = false
+			r.mu.Unlock()
+		}
+	}()
+}
+
+// sync lists upstream name's resources, templates and prompts and mirrors
+// them; after a restart it also restores the log level and subscriptions.
+// A list that fails keeps the previous mirror of that kind.
+func (r *relay) sync(name string) {
+	if r.p.ups == nil {
+		return
+	}
+	cs, err := r.p.ups.Session(name)
+	if err != nil {
+		return // down: the next (re)listing of its tools syncs again
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), passTimeout)
+	defer cancel()
+	var caps mcp.ServerCapabilities
+	if ir := cs.InitializeResult(); ir != nil && ir.Capabilities != nil {
+		caps = *ir.Capabilities
+	}
+	r.mu.Lock()
+	st := r.upLocked(name)
+	restarted := st.synced != cs
+	st.synced, st.caps = cs, caps
+	if restarted {
+		st.level = ""
+	}
+	prefix := st.prefix
+	r.mu.Unlock()
+
+	if caps.Resources != nil {
+		if list, err := collect(cs.Resources(ctx, nil)); err != nil {
+			r.p.log.Warn("upstream resources/list failed; the previous list stays", "upstream", name, "err", err)
+		} else {
+			r.mirrorResources(name, list)
+		}
+		if list, err := collect(cs.ResourceTemplates(ctx, nil)); err != nil {
+			r.p.log.Warn("upstream resources/templates/list failed; the previous list stays", "upstream", name, "err", err)
+		} else {
+			r.mirrorTemplates(name, list)
+		}
+	} else {
+		r.mirrorResources(name, nil)
+		r.mirrorTemplates(name, nil)
+	}
+	if caps.Prompts != nil {
+		if list, err := collect(cs.Prompts(ctx, nil)); err != nil {
+			r.p.log.Warn("upstream prompts/list failed; the previous list stays", "upstream", name, "err", err)
+		} else {
+			r.mirrorPrompts(name, prefix, list)
+		}
+	} else {
+		r.mirrorPrompts(name, prefix, nil)
+	}
+
+	r.applyLevel(ctx, name)
+	if restarted {
+		r.mu.Lock()
+		var uris []string
+		for uri, s := range r.subs {
+			if s.upstream == name && len(s.sessions) > 0 {
+				uris = append(uris, uri)
+			}
+		}
+		r.mu.Unlock()
+		for _, uri := range uris {
+			if err := cs.Subscribe(ctx, &mcp.SubscribeParams{URI: uri}); err != nil {
+				r.p.log.Warn("upstream resubscribe failed", "upstream", name, "uri", uri, "err", err)
+			}
+		}
+	}
+}
+
+func collect[T any](seq func(yield func(T, error) bool)) ([]T, error) {
+	var out []T
+	for v, err := range seq {
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// diffLocked updates one kind of upstream name's mirror (prev: key → JSON)
+// for its new definitions (key → definition), honouring owners (key →
+// upstream, first come first served). It returns the keys to (re)register
+// and to remove.
+func (r *relay) diffLocked(name string, prev map[string]string, owners map[string]string, defs map[string]any, kind string) (add, remove []string) {
+	next := map[string]string{}
+	for key, def := range defs {
+		if owner, ok := owners[key]; ok && owner != name {
+			r.p.log.Warn("upstream "+kind+" refused: another upstream already has it", "upstream", name, kind, key, "owner", owner)
+			continue
+		}
+		b, _ := json.Marshal(def)
+		next[key] = string(b)
+		if prev[key] != string(b) {
+			add = append(add, key)
+			owners[key] = name
+		}
+	}
+	for key := range prev {
+		if _, ok := next[key]; !ok {
+			remove = append(remove, key)
+			delete(owners, key)
+			delete(prev, key)
+		}
+	}
+	for key, v := range next {
+		prev[key] = v
+	}
+	slices.Sort(add)
+	return add, remove
+}
+
+// register runs an SDK registration, turning its panic on an invalid
+// definition into an error.
+func register(f func()) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%v", v)
+		}
+	}()
+	f()
+	return nil
+}
+
+func (r *relay) mirrorResources(name string, list []*mcp.Resource) {
+	defs := map[string]any{}
+	byKey := map[string]*mcp.Resource{}
+	for _, res := range list {
+		if res != nil && res.URI != "" {
+			defs[res.URI], byKey[res.URI] = res, res
+		}
+	}
+	r.mu.Lock()
+	st := r.upLocked(name)
+	add, remove := r.diffLocked(name, st.resources, r.resOwner, defs, "resource")
+	r.mu.Unlock()
+	if len(remove) > 0 {
+		r.p.server.RemoveResources(remove...)
+	}
+	for _, uri := range add {
+		err := register(func() {
+			r.p.server.AddResource(byKey[uri], func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+				return r.read(ctx, name, req)
+			})
+		})
+		if err != nil {
+			r.p.log.Warn("upstream resource refused", "upstream", name, "uri", uri, "err", err)
+			r.mu.Lock()
+			delete(st.resources, uri)
+			delete(r.resOwner, uri)
+			r.mu.Unlock()
+		}
+	}
+}
+
+func (r *relay) mirrorTemplates(name string, list []*mcp.ResourceTemplate) {
+	defs := map[string]any{}
+	byKey := map[string]*mcp.ResourceTemplate{}
+	for _, t := range list {
+		if t != nil && t.URITemplate != "" {
+			defs[t.URITemplate], byKey[t.URITemplate] = t, t
+		}
+	}
+	r.mu.Lock()
+	st := r.upLocked(name)
+	add, remove := r.diffLocked(name, st.templates, r.tmplOwner, defs, "resource template")
+	r.mu.Unlock()
+	if len(remove) > 0 {
+		r.p.server.RemoveResourceTemplates(remove...)
+	}
+	for _, tmpl := range add {
+		err := register(func() {
+			r.p.server.AddResourceTemplate(byKey[tmpl], func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+				return r.read(ctx, name, req)
+			})
+		})
+		if err != nil {
+			r.p.log.Warn("upstream resource template refused", "upstream", name, "template", tmpl, "err", err)
+			r.mu.Lock()
+			delete(st.templates, tmpl)
+			delete(r.tmplOwner, tmpl)
+			r.mu.Unlock()
+		}
+	}
+}
+
+func (r *relay) mirrorPrompts(name, prefix string, list []*mcp.Prompt) {
+	defs := map[string]any{}
+	byKey := map[string]*mcp.Prompt{}
+	for _, p := range list {
+		if p != nil && p.Name != "" {
+			cp := *p
+			cp.Name = prefix + p.Name
+			defs[cp.Name], byKey[cp.Name] = &cp, &cp
+		}
+	}
+	r.mu.Lock()
+	st := r.upLocked(name)
+	owners := map[string]string{}
+	for k, ref := range r.prompts {
+		owners[k] = ref.upstream
+	}
+	add, remove := r.diffLocked(name, st.prompts, owners, defs, "prompt")
+	for _, k := range remove {
+		delete(r.prompts, k)
+	}
+	for _, k := range add {
+		r.prompts[k] = promptRef{upstream: name, name: k[len(prefix):]}
+	}
+	r.mu.Unlock()
+	if len(remove) > 0 {
+		r.p.server.RemovePrompts(remove...)
+	}
+	for _, visible := range add {
+		ref := promptRef{upstream: name, name: visible[len(prefix):]}
+		err := register(func() {
+			r.p.server.AddPrompt(byKey[visible], func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+				return r.getPrompt(ctx, ref, req)
+			})
+		})
+		if err != nil {
+			r.p.log.Warn("upstream prompt refused", "upstream", name, "prompt", visible, "err", err)
+			r.mu.Lock()
+			delete(st.prompts, visible)
+			delete(r.prompts, visible)
+			r.mu.Unlock()
+		}
+	}
+}

@@ -1,0 +1,525 @@
+// Package mcpproxy is the MCP enforcement point: an MCP server over
+// Streamable HTTP (the official Go SDK) that fronts the upstream MCP servers
+// of package upstream. Each client is identified by its credential, which
+// binds principal, agent, instance and environment; tools/list returns
+// exactly the disclosed set and tools/call is decided by gate.Authorize
+// before anything is forwarded (DESIGN.md §3).
+//
+// A tool the caller cannot see gets the same JSON-RPC error as a tool that
+// does not exist, so the list cannot be probed; the audit log still records
+// the attempt. A visible tool refused on its arguments or resources gets an
+// isError result the model can act on, with code and layer in
+// structuredContent.
+package mcpproxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/authz"
+	"github.com/toolgate/toolgate/gate"
+	"github.com/toolgate/toolgate/policy"
+	"github.com/toolgate/toolgate/toolid"
+	"github.com/toolgate/toolgate/upstream"
+)
+
+// MaxBodyBytes bounds one request body; larger ones get 413.
+const MaxBodyBytes = 4 << 20
+
+// Observer receives measurements; nil methods are fine to leave out.
+type Observer interface {
+	Decision(via string, d toolgate.Decision, took time.Duration)
+	UpstreamCall(upstream, outcome string, took time.Duration)
+}
+
+// Options configures a Proxy.
+type Options struct {
+	Logger   *slog.Logger
+	Observer Observer
+	// Version is reported to clients in serverInfo.
+	Version string
+}
+
+// Identities maps credentials to identities; it is rebuilt on reload.
+type Identities struct {
+	byKeyHash map[string]gate.Identity
+	names     map[string]string
+	anonymous *gate.Identity
+	origins   map[string]bool
+}
+
+// NewIdentities builds the credential table from a bundle's Credential
+// documents and Settings.anonymous.
+func NewIdentities(b *policy.Bundle) *Identities {
+	ids := &Identities{byKeyHash: map[string]gate.Identity{}, names: map[string]string{}, origins: map[string]bool{}}
+	for _, c := range b.Credentials {
+		ids.byKeyHash[c.APIKeySHA256] = toIdentity(c.Identity)
+		ids.names[c.APIKeySHA256] = c.Name
+	}
+	if len(b.Settings) > 0 {
+		if a := b.Settings[0].Anonymous; a != nil {
+			id := toIdentity(*a)
+			ids.anonymous = &id
+		}
+		for _, o := range b.Settings[0].AllowedOrigins {
+			ids.origins[o] = true
+		}
+	}
+	return ids
+}
+
+func toIdentity(p policy.Identity) gate.Identity {
+	return gate.Identity{Principal: p.Principal, AgentID: p.AgentID, InstanceID: p.InstanceID,
+		Environment: p.Environment, DeploymentMode: p.DeploymentMode}
+}
+
+// errUnauthorized is a missing or wrong credential.
+var errUnauthorized = errors.New("unauthorized")
+
+// Identify maps an Authorization header to an identity: a known API key's
+// identity, or the anonymous identity when there is no header and one is
+// configured. A wrong key is refused even when anonymous access is on.
+func (ids *Identities) Identify(authorization string) (gate.Identity, error) {
+	if authorization == "" {
+		if ids.anonymous != nil {
+			return *ids.anonymous, nil
+		}
+		return gate.Identity{}, fmt.Errorf("%w: no credential (send Authorization: Bearer <api key>)", errUnauthorized)
+	}
+	scheme, key, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") || key == "" {
+		return gate.Identity{}, fmt.Errorf("%w: the Authorization header must be Bearer <api key>", errUnauthorized)
+	}
+	sum := sha256.Sum256([]byte(strings.TrimSpace(key)))
+	id, ok := ids.byKeyHash[hex.EncodeToString(sum[:])]
+	if !ok {
+		return gate.Identity{}, fmt.Errorf("%w: unknown API key", errUnauthorized)
+	}
+	return id, nil
+}
+
+// mirror is one upstream tool as the gateway's clients see it.
+type mirror struct {
+	upstream string
+	name     string // the upstream's own name for the tool
+	id       string // canonical id
+}
+
+// Proxy is the MCP gateway. Create it with New; serve Handler().
+type Proxy struct {
+	g       *gate.Gate
+	ups     *upstream.Manager
+	server  *mcp.Server
+	handler http.Handler
+	opts    Options
+	log     *slog.Logger
+	ids     atomic.Pointer[Identities]
+
+	mu      sync.Mutex
+	mirrors map[string]mirror // model-visible name → upstream tool
+
+	// relay passes everything but tools through (passthrough.go).
+	relay *relay
+}
+
+// New builds the proxy. ups may be nil (no upstreams yet).
+func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *Proxy {
+	p := &Proxy{g: g, ups: ups, mirrors: map[string]mirror{}}
+	if opts != nil {
+		p.opts = *opts
+	}
+	p.log = p.opts.Logger
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	p.ids.Store(ids)
+	p.relay = newRelay(p)
+	version := p.opts.Version
+	if version == "" {
+		version = "dev"
+	}
+	so := &mcp.ServerOptions{
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
+		Logger:       p.log,
+	}
+	p.relay.configure(so) // resources, prompts, completions, logging, subscriptions
+	p.server = mcp.NewServer(&mcp.Implementation{Name: "toolgate", Version: version}, so)
+	p.server.AddReceivingMiddleware(p.middleware)
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return p.server },
+		&mcp.StreamableHTTPOptions{Logger: p.log, SessionTimeout: 30 * time.Minute})
+	p.handler = p.guard(sdk)
+	return p
+}
+
+// Handler returns the HTTP handler to mount at /mcp.
+func (p *Proxy) Handler() http.Handler { return p.handler }
+
+// SetIdentities installs a new credential table (on reload).
+func (p *Proxy) SetIdentities(ids *Identities) { p.ids.Store(ids) }
+
+// Identities returns the current credential table.
+func (p *Proxy) Identities() *Identities { return p.ids.Load() }
+
+// writeRPCError answers an HTTP request with a JSON-RPC error body.
+func writeRPCError(w http.ResponseWriter, status int, code int64, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": nil, "error": map[string]any{"code": code, "message": msg}})
+	w.Write(body)
+}
+
+// guard checks Origin, the credential, the body size and batches before
+// the SDK sees the request.
+func (p *Proxy) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ids := p.ids.Load()
+		if o := r.Header.Get("Origin"); o != "" && !ids.origins[o] && !loopbackOrigin(o) {
+			writeRPCError(w, http.StatusForbidden, jsonrpc.CodeInvalidRequest, "origin "+o+" is not allowed (DNS rebinding protection); add it to Settings.allowed_origins")
+			return
+		}
+		if _, err := ids.Identify(r.Header.Get("Authorization")); err != nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
+			writeRPCError(w, http.StatusUnauthorized, jsonrpc.CodeInvalidRequest, err.Error())
+			return
+		}
+		if r.Method == http.MethodPost {
+			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+			if err != nil {
+				var tooBig *http.MaxBytesError
+				if errors.As(err, &tooBig) {
+					writeRPCError(w, http.StatusRequestEntityTooLarge, jsonrpc.CodeInvalidRequest, fmt.Sprintf("request body is larger than %d bytes", MaxBodyBytes))
+					return
+				}
+				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeParseError, "could not read the request body: "+err.Error())
+				return
+			}
+			if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, "JSON-RPC batches are refused: send each request on its own so each is decided on its own (nothing in this batch was forwarded)")
+				return
+			}
+			if msg := checkEnvelope(body); msg != "" {
+				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, msg)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			r.ContentLength = int64(len(body))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// checkEnvelope returns why body is not one JSON-RPC 2.0 message, or "".
+func checkEnvelope(body []byte) string {
+	var env struct {
+		JSONRPC string          `json:"jsonrpc"`
+		Method  *string         `json:"method"`
+		ID      json.RawMessage `json:"id"`
+		Result  json.RawMessage `json:"result"`
+		Error   json.RawMessage `json:"error"`
+	}
+	if !json.Valid(body) {
+		return "the body is not valid JSON"
+	}
+	if err := json.Unmarshal(body, &env); err != nil {
+		return "the body is not a JSON-RPC object: " + err.Error()
+	}
+	if env.JSONRPC != "2.0" {
+		return `the body is not JSON-RPC 2.0 (want "jsonrpc": "2.0")`
+	}
+	if env.Method == nil && (len(env.ID) == 0 || (env.Result == nil && env.Error == nil)) {
+		return "the body is neither a request, a notification nor a response"
+	}
+	return ""
+}
+
+func loopbackOrigin(o string) bool {
+	u, err := url.Parse(o)
+	if err != nil {
+		return false
+	}
+	h := u.Hostname()
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (p *Proxy) identify(req mcp.Request) (gate.Identity, error) {
+	extra := req.GetExtra()
+	if extra == nil || extra.Header == nil {
+		return gate.Identity{}, fmt.Errorf("%w: no HTTP request context", errUnauthorized)
+	}
+	return p.ids.Load().Identify(extra.Header.Get("Authorization"))
+}
+
+func unknownTool(name string) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown tool %q", name)}
+}
+
+func (p *Proxy) middleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		switch r := req.(type) {
+		case *mcp.ListToolsRequest:
+			id, err := p.identify(req)
+			if err != nil {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
+			}
+			res, err := next(ctx, method, req)
+			if err != nil {
+				return res, err
+			}
+			if lr, ok := res.(*mcp.ListToolsResult); ok {
+				disc := p.g.Disclose(id)
+				kept := lr.Tools[:0:0]
+				for _, t := range lr.Tools {
+					if m, ok := p.lookup(t.Name); ok && disc.Disclosed[m.id] {
+						kept = append(kept, t)
+					}
+				}
+				out := *lr
+				out.Tools = kept
+				return &out, nil
+			}
+			return res, nil
+		case *mcp.CallToolRequest:
+			id, err := p.identify(req)
+			if err != nil {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
+			}
+			return p.call(ctx, id, r, next, method)
+		}
+		// Everything but tools passes through (passthrough.go).
+		return p.relay.handle(ctx, method, req, next)
+	}
+}
+
+func (p *Proxy) lookup(name string) (mirror, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.mirrors[name]
+	return m, ok
+}
+
+func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolRequest, next mcp.MethodHandler, method string) (mcp.Result, error) {
+	name := r.Params.Name
+	start := time.Now()
+	m, mirrored := p.lookup(name)
+	visible := mirrored && p.g.Disclose(id).Disclosed[m.id]
+	out := p.g.Authorize(ctx, gate.Request{Identity: id, Tool: name, Args: r.Params.Arguments, Via: "mcp"})
+	d := out.Decision
+	if p.opts.Observer != nil {
+		p.opts.Observer.Decision("mcp", d, time.Since(start))
+	}
+	if !visible {
+		// Hidden and unknown tools look the same to the caller.
+		return nil, unknownTool(name)
+	}
+	switch d.Verdict {
+	case toolgate.Deny:
+		return refusal(d, out.ApprovalID, ""), nil
+	case toolgate.RequireApproval:
+		msg := fmt.Sprintf("This call needs approval before it can run: %s", d.Reason)
+		if out.ApprovalID != "" {
+			msg = fmt.Sprintf("Approval %s is required before %s can run (%s). Ask an approver to run `toolgate approvals approve %s`, then repeat exactly the same call; it will then run once.",
+				out.ApprovalID, name, d.Reason, out.ApprovalID)
+		}
+		return refusal(d, out.ApprovalID, msg), nil
+	}
+	req := gate.Request{Identity: id, Tool: name, Args: r.Params.Arguments, Via: "mcp"}
+	res, err := p.forward(ctx, m, r)
+	var output []byte
+	failed := false
+	if res != nil {
+		output, _ = json.Marshal(res)
+		failed = res.IsError
+	}
+	p.g.Complete(ctx, req, out, gate.Result{Output: output, Failed: failed, Err: err})
+	if err != nil {
+		var rpcErr *jsonrpc.Error
+		if errors.As(err, &rpcErr) {
+			return nil, rpcErr
+		}
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{
+			Text: fmt.Sprintf("The tool %s could not be run: upstream %s failed: %v. The call was authorized and recorded; try again later.", name, m.upstream, err)}},
+			StructuredContent: map[string]any{"code": "upstream_unavailable", "layer": "adapter", "upstream": m.upstream}}, nil
+	}
+	return res, nil
+}
+
+func refusal(d toolgate.Decision, approvalID, msg string) *mcp.CallToolResult {
+	if msg == "" {
+		msg = fmt.Sprintf("The call was refused by the %s layer (%s): %s", d.Layer, d.Code, d.Reason)
+	}
+	sc := map[string]any{"verdict": d.Verdict.String(), "code": string(d.Code), "layer": string(d.Layer), "reason": d.Reason, "tool_id": d.ToolID}
+	if approvalID != "" {
+		sc["approval_id"] = approvalID
+	}
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}, StructuredContent: sc}
+}
+
+// forward calls the upstream tool with the client's arguments and meta
+// (progress token included).
+func (p *Proxy) forward(ctx context.Context, m mirror, r *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	if p.ups == nil {
+		return nil, errors.New("no upstreams are configured")
+	}
+	var args any
+	if len(r.Params.Arguments) > 0 {
+		args = r.Params.Arguments
+	}
+	// Track the call so that what the upstream sends while serving it
+	// (progress, sampling, elicitation, roots, log messages) reaches this
+	// session only; the progress token may be replaced (passthrough.go).
+	meta := r.Params.Meta
+	if c, err := p.relay.begin(ctx, m.upstream, r.Session, meta); err == nil {
+		defer c.end()
+		meta = c.meta
+	}
+	start := time.Now()
+	res, err := p.ups.CallTool(ctx, m.upstream, &mcp.CallToolParams{Name: m.name, Arguments: args, Meta: meta})
+	if p.opts.Observer != nil {
+		outcome := "ok"
+		switch {
+		case err != nil:
+			outcome = "error"
+		case res != nil && res.IsError:
+			outcome = "tool_error"
+		}
+		p.opts.Observer.UpstreamCall(m.upstream, outcome, time.Since(start))
+	}
+	return res, err
+}
+
+// Announced maps an upstream's tool list to catalog entries: each name is
+// mapped to tool:<upstream>-<mapped name>; names that cannot be mapped, and
+// names that map to the same id, are refused and reported, never merged.
+func Announced(u *policy.Upstream, tools []*mcp.Tool) (ok []authz.AnnouncedTool, problems []string) {
+	byID := map[string][]string{}
+	for _, t := range tools {
+		mapped, err := toolid.Map(t.Name)
+		if err != nil || strings.HasPrefix(t.Name, toolid.Prefix) {
+			problems = append(problems, fmt.Sprintf("upstream %s announced tool %q, whose name cannot be mapped to a tool id (%v); it is refused", u.Name, t.Name, err))
+			continue
+		}
+		id := toolid.Prefix + u.Name + "-" + strings.TrimPrefix(mapped, toolid.Prefix)
+		if !toolid.Valid(id) {
+			problems = append(problems, fmt.Sprintf("upstream %s announced tool %q, which maps to an invalid id %q; it is refused", u.Name, t.Name, id))
+			continue
+		}
+		byID[id] = append(byID[id], t.Name)
+	}
+	for _, t := range tools {
+		mapped, err := toolid.Map(t.Name)
+		if err != nil || strings.HasPrefix(t.Name, toolid.Prefix) {
+			continue
+		}
+		id := toolid.Prefix + u.Name + "-" + strings.TrimPrefix(mapped, toolid.Prefix)
+		names := byID[id]
+		if len(names) > 1 {
+			if names[0] == t.Name {
+				problems = append(problems, fmt.Sprintf("upstream %s announced %q, which all map to %s; they are refused, not merged", u.Name, names, id))
+			}
+			continue
+		}
+		if !toolid.Valid(id) {
+			continue
+		}
+		ok = append(ok, authz.AnnouncedTool{ID: id, Name: u.Prefix() + t.Name, MCPServer: u.Name,
+			SideEffectClass: classFromAnnotations(t.Annotations), Description: t.Description})
+	}
+	return ok, problems
+}
+
+// classFromAnnotations reads MCP tool annotations: readOnlyHint → read,
+// destructiveHint → irreversible, otherwise write (unknown means careful).
+func classFromAnnotations(a *mcp.ToolAnnotations) toolgate.SideEffectClass {
+	switch {
+	case a == nil:
+		return toolgate.SideEffectWrite
+	case a.ReadOnlyHint:
+		return toolgate.SideEffectRead
+	case a.DestructiveHint != nil && *a.DestructiveHint:
+		return toolgate.SideEffectIrreversible
+	}
+	return toolgate.SideEffectWrite
+}
+
+// SetTools mirrors an upstream's announced tools into the gateway's MCP
+// server (sending tools/list_changed to connected clients) under the names
+// the model sees. tools are the upstream's own definitions; accepted are
+// those Announced accepted.
+func (p *Proxy) SetTools(u *policy.Upstream, tools []*mcp.Tool, accepted []authz.AnnouncedTool) {
+	keep := map[string]authz.AnnouncedTool{}
+	for _, a := range accepted {
+		keep[a.Name] = a
+	}
+	p.mu.Lock()
+	var remove []string
+	for name, m := range p.mirrors {
+		if m.upstream == u.Name {
+			if _, still := keep[name]; !still {
+				remove = append(remove, name)
+				delete(p.mirrors, name)
+			}
+		}
+	}
+	p.mu.Unlock()
+	if len(remove) > 0 {
+		p.server.RemoveTools(remove...)
+	}
+	for _, t := range tools {
+		name := u.Prefix() + t.Name
+		a, ok := keep[name]
+		if !ok {
+			continue
+		}
+		mt := &mcp.Tool{Name: name, Title: t.Title, Description: t.Description, InputSchema: t.InputSchema,
+			OutputSchema: t.OutputSchema, Annotations: t.Annotations}
+		if mt.InputSchema == nil {
+			mt.InputSchema = map[string]any{"type": "object"}
+		}
+		if err := p.addTool(mt); err != nil {
+			p.log.Warn("upstream tool refused", "upstream", u.Name, "tool", t.Name, "err", err)
+			continue
+		}
+		p.mu.Lock()
+		p.mirrors[name] = mirror{upstream: u.Name, name: t.Name, id: a.ID}
+		p.mu.Unlock()
+	}
+	// Refresh the upstream's mirrored resources and prompts (passthrough.go).
+	p.relay.upstreamChanged(u.Name, u.Prefix())
+}
+
+// addTool registers a tool, turning the SDK's panic on a bad schema into
+// an error.
+func (p *Proxy) addTool(t *mcp.Tool) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("invalid tool definition: %v", r)
+		}
+	}()
+	// The handler is never reached: the middleware answers every call.
+	p.server.AddTool(t, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "toolgate: call reached an unguarded handler (refused)"}
+	})
+	return nil
+}

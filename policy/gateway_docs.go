@@ -1,0 +1,177 @@
+package policy
+
+import (
+	"fmt"
+	"regexp"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Upstream is an MCP server the gateway fronts (kind: Upstream). Its tools
+// join the catalog as tool:<name>-<mapped tool name>.
+type Upstream struct {
+	Pos `yaml:"-"`
+	// Name is the provider part of its tools' ids: lowercase [a-z0-9]+.
+	Name string `yaml:"name"`
+	// Transport is stdio or streamable-http.
+	Transport string `yaml:"transport"`
+	// Command, Args, Env and Dir start a stdio upstream. It gets PATH and
+	// HOME plus Env, never the gateway's own environment. Relative Dir and
+	// relative paths in Args are resolved against the bundle folder.
+	Command string            `yaml:"command"`
+	Args    []string          `yaml:"args"`
+	Env     map[string]Secret `yaml:"env"`
+	Dir     string            `yaml:"dir"`
+	// URL and Headers reach a streamable-http upstream.
+	URL     string            `yaml:"url"`
+	Headers map[string]Secret `yaml:"headers"`
+	// ToolPrefix starts the name the model sees for each of its tools;
+	// nil means Name + "_"; it may be empty.
+	ToolPrefix *string `yaml:"tool_prefix"`
+	// CallTimeout bounds one call (default 60s); ConnectTimeout one connect.
+	CallTimeout    Duration `yaml:"call_timeout"`
+	ConnectTimeout Duration `yaml:"connect_timeout"`
+}
+
+// Prefix returns the model-visible name prefix of the upstream's tools.
+func (u *Upstream) Prefix() string {
+	if u.ToolPrefix != nil {
+		return *u.ToolPrefix
+	}
+	return u.Name + "_"
+}
+
+// Secret is a value written literally, or {from_env: VAR}, or
+// {from_file: PATH}. Values from the environment or a file never appear in
+// the bundle, in logs or in errors.
+type Secret struct {
+	Value    string
+	FromEnv  string
+	FromFile string
+}
+
+// UnmarshalYAML accepts a string or {from_env} / {from_file}.
+func (s *Secret) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*s = Secret{Value: n.Value}
+		return nil
+	}
+	var m struct {
+		FromEnv  string `yaml:"from_env"`
+		FromFile string `yaml:"from_file"`
+	}
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: want a string, {from_env: VAR} or {from_file: PATH}", n.Line)
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := n.Content[i].Value; k != "from_env" && k != "from_file" {
+			return fmt.Errorf("line %d: unknown field %q (want from_env or from_file)", n.Content[i].Line, k)
+		}
+	}
+	if err := n.Decode(&m); err != nil {
+		return err
+	}
+	if (m.FromEnv == "") == (m.FromFile == "") {
+		return fmt.Errorf("line %d: give exactly one of from_env or from_file", n.Line)
+	}
+	*s = Secret{FromEnv: m.FromEnv, FromFile: m.FromFile}
+	return nil
+}
+
+// Credential binds an API key to an identity (kind: Credential). Only the
+// key's SHA-256 is stored; the client sends the key as a bearer token.
+type Credential struct {
+	Pos `yaml:"-"`
+	// Name labels the credential in logs and the audit log.
+	Name string `yaml:"name"`
+	// APIKeySHA256 is the lowercase hex SHA-256 of the key.
+	APIKeySHA256 string `yaml:"api_key_sha256"`
+	Identity     `yaml:",inline"`
+}
+
+// Identity is who a call runs as and where.
+type Identity struct {
+	Principal      string `yaml:"principal"`
+	AgentID        string `yaml:"agent_id"`
+	InstanceID     string `yaml:"instance_id"`
+	Environment    string `yaml:"environment"`
+	DeploymentMode string `yaml:"deployment_mode"`
+}
+
+var (
+	upstreamName = regexp.MustCompile(`^[a-z0-9]+$`)
+	sha256Hex    = regexp.MustCompile(`^[0-9a-f]{64}$`)
+)
+
+func (v *validator) upstreams() {
+	seen := map[string]*Upstream{}
+	prefixes := map[string]*Upstream{}
+	for _, u := range v.b.Upstreams {
+		if !upstreamName.MatchString(u.Name) {
+			v.r.Errorf(u.Pos, "Upstream name %q must be lowercase [a-z0-9]+ (it is the provider part of its tools' ids)", u.Name)
+			continue
+		}
+		if prev, dup := seen[u.Name]; dup {
+			v.r.Errorf(u.Pos, "duplicate Upstream %s (first declared at %s)", u.Name, prev.Pos.At())
+			continue
+		}
+		seen[u.Name] = u
+		if prev, clash := prefixes[u.Prefix()]; clash {
+			v.r.Errorf(u.Pos, "Upstream %s: tool_prefix %q is also upstream %s's; the names the model sees would clash", u.Name, u.Prefix(), prev.Name)
+		}
+		prefixes[u.Prefix()] = u
+		switch u.Transport {
+		case "stdio":
+			if u.Command == "" {
+				v.r.Errorf(u.Pos, "Upstream %s: transport stdio needs command", u.Name)
+			}
+			if u.URL != "" || len(u.Headers) > 0 {
+				v.r.Errorf(u.Pos, "Upstream %s: url and headers are for streamable-http, not stdio", u.Name)
+			}
+		case "streamable-http":
+			if u.URL == "" {
+				v.r.Errorf(u.Pos, "Upstream %s: transport streamable-http needs url", u.Name)
+			}
+			if u.Command != "" || len(u.Args) > 0 || len(u.Env) > 0 {
+				v.r.Errorf(u.Pos, "Upstream %s: command, args and env are for stdio, not streamable-http", u.Name)
+			}
+		default:
+			v.r.Errorf(u.Pos, "Upstream %s: transport %q must be stdio or streamable-http", u.Name, u.Transport)
+		}
+	}
+}
+
+func (v *validator) credentials() {
+	seen := map[string]*Credential{}
+	for _, c := range v.b.Credentials {
+		label := c.Name
+		if label == "" {
+			label = c.Principal
+		}
+		if !sha256Hex.MatchString(c.APIKeySHA256) {
+			v.r.Errorf(c.Pos, "Credential %s: api_key_sha256 must be 64 lowercase hex digits (sha256sum of the key)", label)
+		} else if prev, dup := seen[c.APIKeySHA256]; dup {
+			v.r.Errorf(c.Pos, "Credential %s: the same key is already bound at %s", label, prev.Pos.At())
+		}
+		seen[c.APIKeySHA256] = c
+		v.checkIdentity(c.Pos, "Credential "+label, c.Identity)
+	}
+	for _, s := range v.b.Settings {
+		if s.Anonymous != nil {
+			v.checkIdentity(s.Pos, "Settings.anonymous", *s.Anonymous)
+		}
+	}
+}
+
+func (v *validator) checkIdentity(pos Pos, where string, id Identity) {
+	if id.Principal == "" || id.AgentID == "" {
+		v.r.Errorf(pos, "%s: principal and agent_id are required", where)
+		return
+	}
+	if v.agents_[id.AgentID] == nil {
+		v.r.Errorf(pos, "%s: agent %s is not declared", where, id.AgentID)
+	}
+	if v.principal_[id.Principal] == nil {
+		v.r.Warnf(pos, "%s: principal %s is not declared, so every call will be denied at the grant layer", where, id.Principal)
+	}
+}

@@ -1,0 +1,181 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/toolgate/toolgate/approval"
+	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/store/sqlite"
+	"github.com/toolgate/toolgate/storetest"
+)
+
+// open opens a Store on path and closes it when the test ends.
+func open(t *testing.T, path string) *sqlite.Store {
+	t.Helper()
+	s, err := sqlite.Open(path, nil)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// raw opens the file directly, bypassing the Store, as an attacker with
+// access to the file would.
+func raw(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", path+"?_busy_timeout=5000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func TestAuditContract(t *testing.T) {
+	storetest.RunAudit(t, func(t *testing.T) *storetest.AuditHarness {
+		path := filepath.Join(t.TempDir(), "toolgate.db")
+		s := open(t, path)
+		db := raw(t, path)
+		return &storetest.AuditHarness{
+			Store: s,
+			Open:  func(t *testing.T) audit.Store { return open(t, path) },
+			Exec: func(q string) error {
+				q = strings.NewReplacer("{events}", "audit_events", "{head}", "audit_head").Replace(q)
+				_, err := db.Exec(q)
+				return err
+			},
+			DropTriggers: func() error {
+				for _, name := range []string{"audit_events_no_update", "audit_events_no_delete", "audit_head_forward", "audit_head_no_delete"} {
+					if _, err := db.Exec("DROP TRIGGER " + name); err != nil {
+						return err
+					}
+				}
+				return nil
+			},
+		}
+	})
+}
+
+func TestApprovalContract(t *testing.T) {
+	storetest.RunApprovals(t, func(t *testing.T) *storetest.ApprovalHarness {
+		path := filepath.Join(t.TempDir(), "toolgate.db")
+		return &storetest.ApprovalHarness{
+			Store: open(t, path),
+			Open:  func(t *testing.T) approval.Store { return open(t, path) },
+		}
+	})
+}
+
+// immutable makes paths unchangeable even for root (chattr +i) until the
+// test ends. The files' open descriptors stop working for writes too, which
+// is how a store "becomes unwritable" under a running gateway.
+func immutable(t *testing.T, paths ...string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("chattr +i needs root (CAP_LINUX_IMMUTABLE); CI runs as root")
+	}
+	for _, p := range paths {
+		if out, err := exec.Command("chattr", "+i", p).CombinedOutput(); err != nil {
+			t.Fatalf("chattr +i %s: %v: %s", p, err, out)
+		}
+		t.Cleanup(func() { exec.Command("chattr", "-i", p).Run() })
+	}
+}
+
+func mutable(t *testing.T, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
+		if out, err := exec.Command("chattr", "-i", p).CombinedOutput(); err != nil {
+			t.Fatalf("chattr -i %s: %v: %s", p, err, out)
+		}
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	dir := t.TempDir()
+	notDB := filepath.Join(dir, "not-a-db")
+	if err := os.WriteFile(notDB, []byte("this is not a SQLite database, just some text that is long enough to matter"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		path string
+		want string // substring of the error
+	}{
+		{"empty path", "", "invalid database path"},
+		{"question mark", filepath.Join(dir, "a?b.db"), "invalid database path"},
+		{"directory", dir, "cannot be opened"},
+		{"not a database", notDB, "not a database"},
+		{"folder under a file", filepath.Join(notDB, "x.db"), "create folder"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := sqlite.Open(tt.path, nil)
+			if err == nil {
+				s.Close()
+				t.Fatalf("Open(%q) succeeded", tt.path)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Open(%q) = %v; want an error containing %q", tt.path, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestOpenNotWritable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "toolgate.db")
+	s := open(t, path)
+	if _, err := s.AppendEvents(context.Background(), []audit.Event{{EventID: "e1", EventType: "agent.tool.authorized"}}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close() // checkpoints the WAL into the file
+	if os.Geteuid() == 0 {
+		immutable(t, path)
+	} else if err := os.Chmod(path, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := sqlite.Open(path, nil)
+	if err == nil {
+		s2.Close()
+		t.Fatal("Open of a read-only file succeeded")
+	}
+	if want := path + " is not writable"; !strings.Contains(err.Error(), want) {
+		t.Errorf("Open = %v; want an error containing %q", err, want)
+	}
+}
+
+func TestAppendFailsWhenFileBecomesUnwritable(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "toolgate.db")
+	s := open(t, path)
+	if _, err := s.AppendEvents(ctx, []audit.Event{{EventID: "e1"}}); err != nil {
+		t.Fatal(err)
+	}
+	files := []string{path, path + "-wal"} // not -shm: it is mmapped, and a write fault there is SIGBUS
+	immutable(t, files...)
+	_, err := s.AppendEvents(ctx, []audit.Event{{EventID: "e2"}})
+	if err == nil {
+		t.Fatal("AppendEvents on an unwritable file succeeded")
+	}
+	t.Logf("AppendEvents on an unwritable file: %v", err)
+	mutable(t, files...)
+	// The store recovers once the file is writable again, and nothing of
+	// the failed batch was written.
+	out, err := s.AppendEvents(ctx, []audit.Event{{EventID: "e3"}})
+	if err != nil {
+		t.Fatalf("AppendEvents after the file became writable again: %v", err)
+	}
+	if out[0].Seq != 2 {
+		t.Errorf("seq after recovery = %d; want 2", out[0].Seq)
+	}
+	if rep, err := audit.Verify(ctx, s); err != nil || !rep.OK {
+		t.Errorf("Verify = %+v, %v; want OK", rep, err)
+	}
+}
