@@ -40,12 +40,18 @@ var (
 // Binding is what an approval is bound to: exactly one call. All fields are
 // compared exactly; ArgsDigest is ArgsDigest of the call's arguments.
 type Binding struct {
-	Principal   string `json:"principal"`
-	AgentID     string `json:"agent_id"`
-	InstanceID  string `json:"instance_id"`
+	// Principal is the subject the call runs as.
+	Principal string `json:"principal"`
+	// AgentID is the calling agent.
+	AgentID string `json:"agent_id"`
+	// InstanceID is the business instance ("" for none).
+	InstanceID string `json:"instance_id"`
+	// Environment is the instance's environment ("" for none).
 	Environment string `json:"environment"`
-	ToolID      string `json:"tool_id"`
-	ArgsDigest  string `json:"args_digest"`
+	// ToolID is the canonical tool id ("tool:supabase-write").
+	ToolID string `json:"tool_id"`
+	// ArgsDigest is ArgsDigest of the call's arguments.
+	ArgsDigest string `json:"args_digest"`
 }
 
 // bindingKey lists the binding's fields with keys in sorted order, so its
@@ -107,15 +113,18 @@ type Approval struct {
 	Binding Binding `json:"binding"`
 	// BindingDigest is Binding.Digest(); Consume looks approvals up by it.
 	BindingDigest string `json:"binding_digest"`
-	Status        Status `json:"status"`
+	// Status is where the approval is in its life.
+	Status Status `json:"status"`
 	// RequestedBy is the principal the call that asked ran as.
-	RequestedBy string    `json:"requested_by"`
-	CreatedAt   time.Time `json:"created_at"`
+	RequestedBy string `json:"requested_by"`
+	// CreatedAt is when the approval was asked for.
+	CreatedAt time.Time `json:"created_at"`
 	// ExpiresAt ends the approval: it can be decided and used only while
 	// now < ExpiresAt.
 	ExpiresAt time.Time `json:"expires_at"`
 	// DecidedBy is who approved or denied ("" while pending or if expired).
-	DecidedBy string    `json:"decided_by,omitempty"`
+	DecidedBy string `json:"decided_by,omitempty"`
+	// DecidedAt is when it was approved or denied (zero if not).
 	DecidedAt time.Time `json:"decided_at,omitzero"`
 	// Reason is the decider's reason, or the reason it expired.
 	Reason string `json:"reason,omitempty"`

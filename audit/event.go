@@ -45,12 +45,15 @@ type Event struct {
 	CorrelationID string `json:"correlation_id"`
 	// CausationID is the event_id (or request id) that caused this event.
 	CausationID string `json:"causation_id"`
-	AgentID     string `json:"agent_id"`
+	// AgentID is the agent that made the call.
+	AgentID string `json:"agent_id"`
 	// AgentVersion is the version of the agent definition that decided.
 	AgentVersion string `json:"agent_version"`
 	// Principal is the subject the call ran as.
-	Principal   string `json:"principal"`
-	InstanceID  string `json:"instance_id"`
+	Principal string `json:"principal"`
+	// InstanceID is the business instance (tenant); "" for none.
+	InstanceID string `json:"instance_id"`
+	// Environment is the instance's environment ("staging"); "" for none.
 	Environment string `json:"environment"`
 	// ToolID is the canonical tool id ("tool:supabase-write"); empty when the
 	// called name did not map to one.

@@ -40,6 +40,12 @@ type RecorderOptions struct {
 	RetryMin, RetryMax time.Duration
 	// WriteTimeout bounds one store append. Default 30 s.
 	WriteTimeout time.Duration
+	// EnqueueLinger is how long an enqueued event may wait for company
+	// before a write is started for it: a Record in that window takes it
+	// along in the same transaction, so a tool call's completion event
+	// does not cost the next call an extra fsync. 0 means 5 ms; negative
+	// means write at once.
+	EnqueueLinger time.Duration
 }
 
 // Sink receives committed events, for example to stream them to a log
@@ -94,9 +100,13 @@ type Recorder struct {
 	opts  RecorderOptions
 	sinks []*sinkWorker
 
+	lingerArmed atomic.Bool
+
 	mu           sync.Mutex
 	durable      []*waiter
 	queued       []Event
+	queuedAdmit  []uint64 // admission order of queued, same length
+	nextAdmit    uint64
 	closed       bool
 	force        bool // attempt at once even while failing (Flush asked)
 	err          error
@@ -128,6 +138,8 @@ const (
 
 type waiter struct {
 	ev    Event
+	admit uint64 // admission order, shared with queued events
+	pos   int    // index in the batch it was taken into
 	state atomic.Int32
 	done  chan result
 }
@@ -164,6 +176,9 @@ func NewRecorder(store Store, opts *RecorderOptions) *Recorder {
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 30 * time.Second
 	}
+	if o.EnqueueLinger == 0 {
+		o.EnqueueLinger = 5 * time.Millisecond
+	}
 	r := &Recorder{
 		store:      store,
 		opts:       o,
@@ -199,6 +214,8 @@ func (r *Recorder) Record(ctx context.Context, ev Event) (Event, error) {
 		r.mu.Unlock()
 		return Event{}, ErrClosed
 	}
+	w.admit = r.nextAdmit
+	r.nextAdmit++
 	r.durable = append(r.durable, w)
 	r.durAdmitted++
 	r.mu.Unlock()
@@ -230,9 +247,18 @@ func (r *Recorder) Enqueue(ev Event) error {
 		return ErrClosed
 	}
 	r.queued = append(r.queued, ev)
+	r.queuedAdmit = append(r.queuedAdmit, r.nextAdmit)
+	r.nextAdmit++
 	r.enqAdmitted++
 	r.mu.Unlock()
-	r.signal()
+	if r.opts.EnqueueLinger < 0 {
+		r.signal()
+	} else if r.lingerArmed.CompareAndSwap(false, true) {
+		time.AfterFunc(r.opts.EnqueueLinger, func() {
+			r.lingerArmed.Store(false)
+			r.signal()
+		})
+	}
 	return nil
 }
 
@@ -440,16 +466,22 @@ func (r *Recorder) take(timerFired bool) (batch []Event, ws []*waiter, nq int, o
 		return nil, nil, 0, false
 	}
 	r.force = false
+	// Merge the durable waiters and the queued events in admission order,
+	// so the chain records events in the order they happened.
 	n := 0
-	for _, w := range r.durable {
-		if len(batch) == r.opts.MaxBatch {
-			break
+	for len(batch) < r.opts.MaxBatch && (n < len(r.durable) || nq < len(r.queued)) {
+		if nq < len(r.queued) && (n == len(r.durable) || r.queuedAdmit[nq] < r.durable[n].admit) {
+			batch = append(batch, r.queued[nq])
+			nq++
+			continue
 		}
+		w := r.durable[n]
 		n++
 		if !w.state.CompareAndSwap(waiting, taken) {
 			r.durResolved++ // abandoned just now
 			continue
 		}
+		w.pos = len(batch)
 		ws = append(ws, w)
 		batch = append(batch, w.ev)
 	}
@@ -457,8 +489,6 @@ func (r *Recorder) take(timerFired bool) (batch []Event, ws []*waiter, nq int, o
 	// answer from this attempt, success or failure.
 	clear(r.durable[:n])
 	r.durable = r.durable[n:]
-	nq = min(len(r.queued), r.opts.MaxBatch-len(batch))
-	batch = append(batch, r.queued[:nq]...)
 	if len(batch) == 0 {
 		r.broadcastLocked()
 		return nil, nil, 0, false
@@ -486,8 +516,9 @@ func (r *Recorder) finish(ws []*waiter, nq int, sealed []Event, err error) {
 		r.err = nil
 		clear(r.queued[:nq])
 		r.queued = r.queued[nq:]
+		r.queuedAdmit = r.queuedAdmit[nq:]
 		if len(r.queued) == 0 {
-			r.queued = nil
+			r.queued, r.queuedAdmit = nil, nil
 		}
 		r.enqCommitted += uint64(nq)
 		r.committed.Add(uint64(len(sealed)))
@@ -496,11 +527,11 @@ func (r *Recorder) finish(ws []*waiter, nq int, sealed []Event, err error) {
 	storeErr := r.err
 	r.broadcastLocked()
 	r.mu.Unlock()
-	for i, w := range ws {
+	for _, w := range ws {
 		if err != nil {
 			w.done <- result{err: storeErr}
 		} else {
-			w.done <- result{ev: sealed[i]}
+			w.done <- result{ev: sealed[w.pos]}
 		}
 	}
 	if err == nil {

@@ -93,11 +93,12 @@ type grantC struct {
 }
 
 type principalInfo struct {
-	id        string
-	invokeAll []grantC
-	invoke    map[int32][]grantC
-	resources map[string]map[string][]grantC // resource → action → grants
-	vars      map[string]any
+	id         string
+	delegation string // set for a delegation's grant set
+	invokeAll  []grantC
+	invoke     map[int32][]grantC
+	resources  map[string]map[string][]grantC // resource → action → grants
+	vars       map[string]any
 }
 
 type condC struct {
@@ -491,37 +492,116 @@ func (c *compiler) principals() error {
 		if err != nil {
 			return err
 		}
-		pi := &principalInfo{id: p.PrincipalID, invoke: map[int32][]grantC{}, resources: map[string]map[string][]grantC{},
-			vars: map[string]any{"id": p.PrincipalID, "roles": append([]string{}, p.Roles...)}}
+		pi := newPrincipalInfo(c.s, p.PrincipalID, p.Roles)
 		for _, g := range gs {
-			gc := grantC{scope: g.g.Scope, conds: g.conds, from: g.from}
-			if g.g.Resource == "tool" && g.g.Action == "invoke" {
-				switch {
-				case g.g.Scope.All:
-					pi.invokeAll = append(pi.invokeAll, gc)
-				case g.g.Scope.Tool != "":
-					id, err := toolid.Map(g.g.Scope.Tool)
-					if err != nil {
-						continue
-					}
-					if idx, ok := c.s.byID[id]; ok {
-						pi.invoke[idx] = append(pi.invoke[idx], gc)
-					} else if idx, ok := c.s.aliases[g.g.Scope.Tool]; ok {
-						pi.invoke[idx] = append(pi.invoke[idx], gc)
-					}
-				}
-				continue
-			}
-			byAction := pi.resources[g.g.Resource]
-			if byAction == nil {
-				byAction = map[string][]grantC{}
-				pi.resources[g.g.Resource] = byAction
-			}
-			byAction[g.g.Action] = append(byAction[g.g.Action], gc)
+			pi.add(c.s, g.g, grantC{scope: g.g.Scope, conds: g.conds, from: g.from})
 		}
 		c.s.principals[p.PrincipalID] = pi
 	}
 	return nil
+}
+
+func newPrincipalInfo(s *Snapshot, id string, roles []string) *principalInfo {
+	return &principalInfo{id: id, invoke: map[int32][]grantC{}, resources: map[string]map[string][]grantC{},
+		vars: map[string]any{"id": id, "roles": append([]string{}, roles...)}}
+}
+
+// add indexes one compiled grant.
+func (pi *principalInfo) add(s *Snapshot, g policy.Grant, gc grantC) {
+	if g.Resource == "tool" && g.Action == "invoke" {
+		switch {
+		case g.Scope.All:
+			pi.invokeAll = append(pi.invokeAll, gc)
+		case g.Scope.Tool != "":
+			if id, err := toolid.Map(g.Scope.Tool); err == nil {
+				if idx, ok := s.byID[id]; ok {
+					pi.invoke[idx] = append(pi.invoke[idx], gc)
+					return
+				}
+			}
+			if idx, ok := s.aliases[g.Scope.Tool]; ok {
+				pi.invoke[idx] = append(pi.invoke[idx], gc)
+			}
+		}
+		return
+	}
+	byAction := pi.resources[g.Resource]
+	if byAction == nil {
+		byAction = map[string][]grantC{}
+		pi.resources[g.Resource] = byAction
+	}
+	byAction[g.Action] = append(byAction[g.Action], gc)
+}
+
+// label names the grant set in reasons.
+func (pi *principalInfo) label() string {
+	if pi.delegation != "" {
+		return "delegation " + pi.delegation
+	}
+	return "principal " + pi.id
+}
+
+// Delegation is a compiled delegation grant set (a delegation token's): a
+// call made with it passes only what both the delegator's current grants
+// and these grants allow, so revoking the delegator's grant revokes it for
+// the delegate too. Compile one per snapshot with CompileDelegation.
+type Delegation struct {
+	ID        string // the token id, for reasons and the audit log
+	Delegator string // the principal whose current grants are intersected
+	Delegate  string // the subject the delegation was handed to
+	info      *principalInfo
+	snap      *Snapshot
+}
+
+// CompileDelegation compiles grants handed by delegator to delegate.
+// Conditions (when) are compiled once here. The error names a grant that
+// does not validate.
+func (s *Snapshot) CompileDelegation(id, delegator, delegate string, grants []policy.Grant) (*Delegation, error) {
+	env, err := cond.NewEnv()
+	if err != nil {
+		return nil, err
+	}
+	pi := newPrincipalInfo(s, delegate, nil)
+	pi.delegation = id
+	for i, g := range grants {
+		if g.Resource == "" || g.Action == "" || strings.Contains(g.Resource+g.Action, "*") {
+			return nil, fmt.Errorf("delegation grant %d: resource and action are exact names", i)
+		}
+		if !g.Scope.All && g.Scope.Tool == "" && g.Scope.Name == "" {
+			return nil, fmt.Errorf("delegation grant %d: scope is required", i)
+		}
+		gc := grantC{scope: g.Scope, from: "delegation " + id}
+		if g.When != "" {
+			prog, err := env.Compile(g.When)
+			if err != nil {
+				return nil, fmt.Errorf("delegation grant %d: %w", i, err)
+			}
+			gc.conds = []*cond.Program{prog}
+		}
+		pi.add(s, g, gc)
+	}
+	return &Delegation{ID: id, Delegator: delegator, Delegate: delegate, info: pi, snap: s}, nil
+}
+
+// DecideDelegated decides a call made under a delegation: c.Principal must
+// be the delegator; every grant check must pass for the delegator's
+// current grants and for the delegation's. A delegation compiled for another
+// snapshot, or for another delegator, denies.
+func (s *Snapshot) DecideDelegated(c *toolgate.Call, d *Delegation) (out toolgate.Decision) {
+	if c == nil || d == nil || d.snap != s || d.Delegator != c.Principal {
+		call := c
+		if call == nil {
+			call = &toolgate.Call{}
+		}
+		return internalError(call, "the delegation does not belong to this policy snapshot or principal (fail closed); recompile it")
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			out = internalError(c, fmt.Sprintf("internal error while deciding (fail closed): %v", r))
+		}
+	}()
+	e := eval{s: s, c: c, del: d.info, delID: d.ID}
+	return e.run(nil)
 }
 
 func (c *compiler) policies() error {

@@ -21,6 +21,10 @@ type eval struct {
 	ce    *ceilingEntry
 	m     *modeInfo
 	pr    *principalInfo
+	// del, when set, is a delegation's grant set: every grant check must
+	// also pass against it (the intersection, never wider).
+	del   *principalInfo
+	delID string
 	// skipPrincipal is set by Resolve without a principal: the grant layers
 	// are not judged.
 	skipPrincipal bool
@@ -342,6 +346,12 @@ func (e *eval) checkInvoke() *toolgate.Decision {
 				pr.id, e.c.Tool, e.tool.ID, e.tool.Name))
 		return &d
 	}
+	if e.del != nil && len(e.del.invokeAll) == 0 && len(e.del.invoke[e.idx]) == 0 {
+		d := e.deny(toolgate.CodeRBACToolInvoke, toolgate.LayerGrant,
+			fmt.Sprintf("grant layer: delegation %s from %s does not include tool:invoke on %s (%s); a delegate never exceeds what it was handed: mint a delegation that includes it",
+				e.delID, pr.id, e.c.Tool, e.tool.ID))
+		return &d
+	}
 	return nil
 }
 
@@ -379,6 +389,12 @@ func (e *eval) checkResources() *toolgate.Decision {
 			d := e.deny(toolgate.CodeRBACResource, toolgate.LayerResource,
 				fmt.Sprintf("resource layer: principal %s lacks %s:%s on %s (the call touches it); grant {resource: %s, action: %s, scope: {name: %s}}",
 					e.pr.id, r.Type, act, r.Name, r.Type, act, r.Name))
+			return &d
+		}
+		if e.del != nil && len(covering(e.del.resources[r.Type][act], r.Name, buf[:0])) == 0 {
+			d := e.deny(toolgate.CodeRBACResource, toolgate.LayerResource,
+				fmt.Sprintf("resource layer: delegation %s from %s does not include %s:%s on %s (the call touches it); a delegate never exceeds what it was handed",
+					e.delID, e.pr.id, r.Type, act, r.Name))
 			return &d
 		}
 	}
@@ -443,8 +459,11 @@ func (e *eval) checkConditions() *toolgate.Decision {
 		d := e.deny(toolgate.CodeConditionFailed, toolgate.LayerCondition, msg)
 		return &d
 	}
-	if e.pr != nil {
-		all, exact := e.pr.invokeAll, e.pr.invoke[e.idx]
+	for _, set := range [2]*principalInfo{e.pr, e.del} {
+		if set == nil {
+			continue
+		}
+		all, exact := set.invokeAll, set.invoke[e.idx]
 		// Conditions matter only when every covering invoke grant has one.
 		if len(all)+len(exact) > 0 && (len(all) == 0 || hasConds(all)) && (len(exact) == 0 || hasConds(exact)) {
 			ok, err := e.anyHolds(all)
@@ -456,15 +475,15 @@ func (e *eval) checkConditions() *toolgate.Decision {
 				}
 			}
 			if !ok {
-				return condFail(fmt.Sprintf("no tool:invoke grant of principal %s on %s has its when-condition hold for these arguments", e.pr.id, e.tool.ID), err)
+				return condFail(fmt.Sprintf("no tool:invoke grant of %s on %s has its when-condition hold for these arguments", set.label(), e.tool.ID), err)
 			}
 		}
 		for _, r := range e.c.Resources {
 			var buf [4]grantC
-			gs := covering(e.pr.resources[r.Type][resourceAction(r)], r.Name, buf[:0])
+			gs := covering(set.resources[r.Type][resourceAction(r)], r.Name, buf[:0])
 			if hasConds(gs) {
 				if ok, err := e.anyHolds(gs); !ok {
-					return condFail(fmt.Sprintf("no %s:%s grant of principal %s covering %s has its when-condition hold", r.Type, resourceAction(r), e.pr.id, r.Name), err)
+					return condFail(fmt.Sprintf("no %s:%s grant of %s covering %s has its when-condition hold", r.Type, resourceAction(r), set.label(), r.Name), err)
 				}
 			}
 		}

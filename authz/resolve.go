@@ -14,6 +14,9 @@ type Context struct {
 	// Principal, when set, makes the grant layer part of authorization
 	// (tools the principal may not invoke are not disclosed).
 	Principal string `json:"principal,omitempty"`
+	// Delegation, when set, narrows the grant layer to what the delegation
+	// also grants (Principal must be its delegator).
+	Delegation *Delegation `json:"-"`
 }
 
 // Removal says which layer removed a ceiling tool, with the decision code
@@ -81,6 +84,12 @@ func (s *Snapshot) Resolve(ctx Context) Resolution {
 			Environment: ctx.Environment, Principal: ctx.Principal, Tool: t.ID, ToolLevel: true}
 		var trace []LayerResult
 		e := eval{s: s, c: &call, skipPrincipal: ctx.Principal == ""}
+		if d := ctx.Delegation; d != nil {
+			if d.snap != s || d.Delegator != ctx.Principal {
+				continue // not this snapshot's or principal's: disclose nothing through it
+			}
+			e.del, e.delID = d.info, d.ID
+		}
 		d := e.run(&trace)
 		st := ToolStatus{ToolID: t.ID, Name: t.Name, Layers: map[toolgate.Layer]string{}, ControlFlow: t.ControlFlow,
 			SideEffectClass: d.SideEffectClass, ApprovalTier: d.ApprovalTier}

@@ -4,15 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
 )
 
-// ErrNotApprover is returned when the principal may not decide the approval:
-// it lacks approval:decide on the tool, or it asked for the call itself.
+// ErrNotApprover is wrapped when the principal lacks {resource: approval,
+// action: decide} on the approval's tool.
 var ErrNotApprover = errors.New("not allowed to decide this approval")
+
+// ErrSelfApproval is wrapped when a principal tries to approve or deny an
+// approval that its own call asked for: someone else must decide it.
+var ErrSelfApproval = errors.New("the principal whose call asked for an approval cannot decide it")
 
 // ErrNoApprovals is returned when the gate has no approval store.
 var ErrNoApprovals = errors.New("this gateway has no approval store")
@@ -22,7 +27,7 @@ var ErrNoApprovals = errors.New("this gateway has no approval store")
 // tool (scope all or the tool) and must not be the principal that asked
 // for the call. The decision is recorded as agent.tool.approval_granted or
 // _denied; an approval found expired is recorded as _expired.
-func (g *Gate) DecideApproval(ctx context.Context, id string, approve bool, by, reason string) (approval.Approval, error) {
+func (g *Gate) DecideApproval(ctx context.Context, id string, approve bool, by, reason, via string) (approval.Approval, error) {
 	store := g.opts.Approvals
 	if store == nil {
 		return approval.Approval{}, ErrNoApprovals
@@ -32,31 +37,71 @@ func (g *Gate) DecideApproval(ctx context.Context, id string, approve bool, by, 
 		return approval.Approval{}, err
 	}
 	if by == "" {
-		return a, fmt.Errorf("%w: no approver principal given", ErrNotApprover)
+		return a, fmt.Errorf("%w: approval %s: the deciding principal is empty", approval.ErrInvalid, id)
 	}
 	if by == a.RequestedBy || by == a.Binding.Principal {
-		return a, fmt.Errorf("%w: %s asked for this call and cannot approve its own call; another principal with approval:decide must", ErrNotApprover, by)
+		return a, fmt.Errorf("approval %s: %s asked for it: %w; another principal with approval:decide must approve or deny it", id, by, ErrSelfApproval)
 	}
 	if !g.Snapshot().MayDecideApproval(by, a.Binding.ToolID) {
 		return a, fmt.Errorf("%w: %s lacks {resource: approval, action: decide} on %s; grant it with scope all or {tool: %s}", ErrNotApprover, by, a.Binding.ToolID, a.Binding.ToolID)
 	}
-	saved, err := store.DecideApproval(ctx, id, approve, by, reason, g.now())
-	if errors.Is(err, approval.ErrExpired) {
-		g.approvalEvent(saved, toolgate.EventApprovalExpired, "the approval expired before it was decided")
-		return saved, err
+	now := g.now()
+	saved, err := store.DecideApproval(ctx, id, approve, by, reason, now)
+	switch {
+	case err == nil:
+		return saved, g.recordApproval(ctx, ApprovalEvent(saved, by, via, now))
+	case errors.Is(err, approval.ErrExpired) && a.Status == approval.StatusPending && saved.Status == approval.StatusExpired:
+		g.recordApproval(ctx, ApprovalEvent(saved, "", via, now))
 	}
-	if err != nil {
-		return saved, err
+	return saved, err
+}
+
+// recordApproval writes an approval event durably (a decision must not
+// vanish from the log); without a recorder it does nothing.
+func (g *Gate) recordApproval(ctx context.Context, ev audit.Event) error {
+	if g.opts.Recorder == nil {
+		return nil
 	}
-	t, why := toolgate.EventApprovalDenied, "denied by "+by
-	if approve {
-		t, why = toolgate.EventApprovalGranted, "approved by "+by
+	if _, err := g.opts.Recorder.Record(ctx, ev); err != nil {
+		return fmt.Errorf("the approval was decided but its audit event could not be written: %w", err)
 	}
-	if reason != "" {
-		why += ": " + reason
+	return nil
+}
+
+// ApprovalEvent returns the audit event for an approval's status: granted
+// (approved), denied, or expired; any other status gives an
+// agent.tool.approval_requested event. The event carries the approval's
+// binding, its correlation id (that of the call that asked), the approval
+// id, and in details the status, decided_by (when by is set) and via.
+func ApprovalEvent(a approval.Approval, by, via string, at time.Time) audit.Event {
+	typ := toolgate.EventApprovalRequested
+	what := "is pending"
+	switch a.Status {
+	case approval.StatusApproved:
+		typ, what = toolgate.EventApprovalGranted, "was approved by "+by
+	case approval.StatusDenied:
+		typ, what = toolgate.EventApprovalDenied, "was denied by "+by
+	case approval.StatusExpired:
+		typ, what = toolgate.EventApprovalExpired, "expired"
 	}
-	g.approvalEvent(saved, t, why)
-	return saved, nil
+	reason := fmt.Sprintf("approval %s for %s %s", a.ID, a.Binding.ToolID, what)
+	if a.Reason != "" {
+		reason += ": " + a.Reason
+	}
+	details := map[string]any{"status": string(a.Status)}
+	if by != "" {
+		details["decided_by"] = by
+	}
+	if via != "" {
+		details["via"] = via
+	}
+	return audit.Event{
+		EventType: string(typ), OccurredAt: at, CorrelationID: a.CorrelationID,
+		AgentID: a.Binding.AgentID, AgentVersion: a.AgentVersion, Principal: a.Binding.Principal,
+		InstanceID: a.Binding.InstanceID, Environment: a.Binding.Environment, ToolID: a.Binding.ToolID,
+		ToolName: a.ToolName, Layer: string(toolgate.LayerApproval), Reason: reason,
+		ArgsDigest: a.Binding.ArgsDigest, ApprovalID: a.ID, Details: details,
+	}
 }
 
 // ExpireApprovals marks overdue approvals expired and records an
@@ -68,15 +113,9 @@ func (g *Gate) ExpireApprovals(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	expired, err := store.ExpireApprovals(ctx, g.now())
+	now := g.now()
 	for _, a := range expired {
-		g.approvalEvent(a, toolgate.EventApprovalExpired, "the approval expired unused")
+		g.RecordEvent(ApprovalEvent(a, "", "expiry", now))
 	}
 	return len(expired), err
-}
-
-func (g *Gate) approvalEvent(a approval.Approval, t toolgate.EventType, reason string) {
-	g.RecordEvent(audit.Event{EventType: string(t), CorrelationID: a.CorrelationID, AgentID: a.Binding.AgentID,
-		AgentVersion: a.AgentVersion, Principal: a.Binding.Principal, InstanceID: a.Binding.InstanceID,
-		Environment: a.Binding.Environment, ToolID: a.Binding.ToolID, ToolName: a.ToolName, ArgsDigest: a.Binding.ArgsDigest,
-		ApprovalID: a.ID, Reason: reason, Details: map[string]any{"decided_by": a.DecidedBy}})
 }

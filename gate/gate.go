@@ -200,7 +200,7 @@ func (g *Gate) Authorize(ctx context.Context, req Request) Outcome {
 	}
 	if err != nil {
 		out.Decision = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeMalformedCall, Layer: toolgate.LayerComposition,
-			Reason: fmt.Sprintf("composition layer: the arguments are refused: %v; send one JSON object without duplicate keys", err),
+			Reason:   fmt.Sprintf("composition layer: the arguments are refused: %v; send one JSON object without duplicate keys", err),
 			ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
 		g.record(ctx, req, &out, false)
 		return out

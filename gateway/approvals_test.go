@@ -33,13 +33,13 @@ func TestGatewayApprovals(t *testing.T) {
 		t.Fatalf("no approval id in %v", res.StructuredContent)
 	}
 
-	if _, err := g.gw.Gate.DecideApproval(ctx, id, true, "user:dev", "self"); !errors.Is(err, gate.ErrNotApprover) {
-		t.Fatalf("self-approval: got %v, want ErrNotApprover", err)
+	if _, err := g.gw.Gate.DecideApproval(ctx, id, true, "user:dev", "self", "test"); !errors.Is(err, gate.ErrSelfApproval) {
+		t.Fatalf("self-approval: got %v, want ErrSelfApproval", err)
 	}
-	if _, err := g.gw.Gate.DecideApproval(ctx, id, true, "user:viewer", ""); !errors.Is(err, gate.ErrNotApprover) {
+	if _, err := g.gw.Gate.DecideApproval(ctx, id, true, "user:viewer", "", "test"); !errors.Is(err, gate.ErrNotApprover) {
 		t.Fatalf("approval by a principal without approval:decide: got %v", err)
 	}
-	if _, err := g.gw.Gate.DecideApproval(ctx, id, true, "user:lead", "looks fine"); err != nil {
+	if _, err := g.gw.Gate.DecideApproval(ctx, id, true, "user:lead", "looks fine", "test"); err != nil {
 		t.Fatalf("approve: %v", err)
 	}
 
@@ -97,7 +97,7 @@ func TestApprovalExpiry(t *testing.T) {
 	args := map[string]any{"path": filepath.Join(ws, "late.txt"), "content": "x"}
 	res, _ := call(t, dev, "fs_write_file", args)
 	id, _ := structured(t, res)["approval_id"].(string)
-	if _, err := g.gw.Gate.DecideApproval(ctx, id, true, "user:lead", ""); err != nil {
+	if _, err := g.gw.Gate.DecideApproval(ctx, id, true, "user:lead", "", "test"); err != nil {
 		t.Fatal(err)
 	}
 	// Expire it in the store as if its TTL had passed.

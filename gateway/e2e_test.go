@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/gateway"
+	"github.com/toolgate/toolgate/mcpproxy"
 	"github.com/toolgate/toolgate/internal/testenv"
 )
 
@@ -134,14 +136,24 @@ func text(r *mcp.CallToolResult) string {
 	return b.String()
 }
 
+// structured returns the decision a refusal carries in _meta (and, for
+// tools without an outputSchema, in structuredContent too).
 func structured(t *testing.T, r *mcp.CallToolResult) map[string]any {
 	t.Helper()
-	raw, err := json.Marshal(r.StructuredContent)
+	raw, err := json.Marshal(r.Meta[mcpproxy.DecisionMetaKey])
 	if err != nil {
 		t.Fatal(err)
 	}
 	var m map[string]any
 	json.Unmarshal(raw, &m)
+	if r.StructuredContent != nil {
+		sraw, _ := json.Marshal(r.StructuredContent)
+		var sm map[string]any
+		json.Unmarshal(sraw, &sm)
+		if _, ok := sm["code"]; ok && !reflect.DeepEqual(sm, m) {
+			t.Errorf("structuredContent %v differs from _meta %v", sm, m)
+		}
+	}
 	return m
 }
 

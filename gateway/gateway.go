@@ -27,7 +27,9 @@ import (
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
+	"github.com/toolgate/toolgate/httpapi"
 	"github.com/toolgate/toolgate/mcpproxy"
+	"github.com/toolgate/toolgate/metrics"
 	"github.com/toolgate/toolgate/policy"
 	"github.com/toolgate/toolgate/store/sqlite"
 	"github.com/toolgate/toolgate/upstream"
@@ -65,6 +67,8 @@ type Gateway struct {
 	Ups   *upstream.Manager
 	Store *sqlite.Store
 	Rec   *audit.Recorder
+	// Metrics is the gateway's Prometheus registry, served at /metrics.
+	Metrics *metrics.Metrics
 
 	mu        sync.Mutex
 	bundle    *policy.Bundle
@@ -125,6 +129,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		}
 		sinks = append(sinks, audit.NewJSONLSink(w))
 	}
+	gw.Metrics = metrics.New(nil)
+	sinks = append(sinks, gw.Metrics.AuditSink())
 	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks})
 	gw.Gate = gate.New(snap, &gate.Options{Recorder: gw.Rec, Approvals: store, Logger: log})
 	gw.Gate.RecordEvent(bundleEvent(toolgate.EventBundleLoaded, cfg.BundleDir, "the bundle was loaded", nil))
@@ -134,7 +140,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		return err
 	}
 	gw.Ups = ups
-	gw.Proxy = mcpproxy.New(gw.Gate, ups, mcpproxy.NewIdentities(b), &mcpproxy.Options{Logger: log, Version: cfg.Version})
+	gw.Proxy = mcpproxy.New(gw.Gate, ups, mcpproxy.NewIdentities(b), &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics})
 	if ups != nil {
 		if err := ups.Start(ctx); err != nil {
 			log.Warn("some upstreams are down; they are restarted in the background", "err", err)
@@ -143,14 +149,11 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", gw.Proxy.Handler())
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := gw.Ready(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ready\n")
-	})
+	// The JSON API also serves /healthz, /readyz and /metrics.
+	mux.Handle("/", httpapi.New(gw.Gate, &httpapi.Options{Metrics: gw.Metrics, Ready: gw.Ready, Audit: store, Logger: log,
+		Identify: func(r *http.Request) (gate.Identity, error) {
+			return gw.Proxy.Identities().Identify(r.Header.Get("Authorization"))
+		}}))
 	if cfg.Mount != nil {
 		cfg.Mount(mux, gw)
 	}
@@ -168,8 +171,14 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	stopWatch := gw.watch(ctx)
 	defer stopWatch()
 
+	expire := time.NewTicker(15 * time.Second)
+	defer expire.Stop()
 	for {
 		select {
+		case <-expire.C:
+			if _, err := gw.Gate.ExpireApprovals(ctx); err != nil {
+				log.Error("expire approvals", "err", err)
+			}
 		case <-ctx.Done():
 			return gw.shutdown(srv)
 		case <-reload:

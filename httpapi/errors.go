@@ -61,7 +61,7 @@ type ErrorDetail struct {
 //
 //   - *Error: as it is.
 //   - *http.MaxBytesError: 413 body_too_large.
-//   - ErrSelfApproval: 403 self_approval.
+//   - gate.ErrSelfApproval: 403 self_approval; gate.ErrNotApprover: 403 not_approver.
 //   - approval.ErrNotFound: 404 not_found; approval.ErrNotPending: 409
 //     approval_not_pending; approval.ErrExpired: 409 approval_expired;
 //     approval.ErrInvalid: 400 bad_request.
@@ -84,8 +84,10 @@ func Classify(err error) *Error {
 	case errors.As(err, &mbe):
 		return &Error{Status: http.StatusRequestEntityTooLarge, Code: "body_too_large",
 			Message: fmt.Sprintf("the request body is larger than %d bytes (1 MiB)", mbe.Limit), Err: err}
-	case errors.Is(err, ErrSelfApproval):
+	case errors.Is(err, gate.ErrSelfApproval):
 		return &Error{Status: http.StatusForbidden, Code: "self_approval", Message: err.Error(), Err: err}
+	case errors.Is(err, gate.ErrNotApprover):
+		return &Error{Status: http.StatusForbidden, Code: "not_approver", Message: err.Error(), Err: err}
 	case errors.Is(err, approval.ErrNotFound):
 		return &Error{Status: http.StatusNotFound, Code: "not_found", Message: err.Error(), Err: err}
 	case errors.Is(err, approval.ErrNotPending):
@@ -114,6 +116,9 @@ func WriteError(w http.ResponseWriter, err error) {
 	e := Classify(err)
 	if e == nil {
 		e = Classify(errors.New("WriteError called with a nil error"))
+	}
+	if e.Status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
 	}
 	writeJSON(w, e.Status, ErrorBody{Error: ErrorDetail{Code: e.Code, Message: e.Message}})
 }

@@ -200,10 +200,11 @@ func New(g *gate.Gate, opts *Options) http.Handler {
 	route("/healthz", http.MethodGet, false, s.healthz)
 	route("/readyz", http.MethodGet, false, s.readyz)
 	if s.o.Metrics != nil {
-		mux.Handle("/metrics", s.wrap(http.MethodGet, false, func(w http.ResponseWriter, r *http.Request) error {
-			s.o.Metrics.Handler().ServeHTTP(w, r)
+		mh := s.o.Metrics.Handler()
+		route("/metrics", http.MethodGet, false, func(w http.ResponseWriter, r *http.Request) error {
+			mh.ServeHTTP(w, r)
 			return nil
-		}))
+		})
 	}
 	route("/v1/resolve", http.MethodPost, true, s.resolve)
 	route("/v1/decide", http.MethodPost, true, s.decide)
@@ -469,10 +470,8 @@ func (s *server) decideApproval(approve bool) handler {
 		if id.Principal == "" {
 			return apiError(http.StatusForbidden, "no_identity", "the authenticated identity names no principal, so it cannot decide approvals")
 		}
-		a, ev, err := DecideApproval(context.WithoutCancel(r.Context()), st, r.PathValue("id"), approve, id.Principal, req.Reason, Via, s.g.Now())
-		if ev != nil {
-			s.g.RecordEvent(*ev)
-		}
+		_ = st
+		a, err := s.g.DecideApproval(context.WithoutCancel(r.Context()), r.PathValue("id"), approve, id.Principal, req.Reason, Via)
 		if err != nil {
 			return err
 		}

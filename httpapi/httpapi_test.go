@@ -699,7 +699,7 @@ func TestClassify(t *testing.T) {
 		{"not pending", approval.ErrNotPending, 409, "approval_not_pending"},
 		{"expired", approval.ErrExpired, 409, "approval_expired"},
 		{"invalid", approval.ErrInvalid, 400, "bad_request"},
-		{"self approval", httpapi.ErrSelfApproval, 403, "self_approval"},
+		{"self approval", gate.ErrSelfApproval, 403, "self_approval"},
 		{"audit unavailable", gate.ErrAuditUnavailable, 503, "audit_unavailable"},
 		{"canceled", context.Canceled, 503, "canceled"},
 		{"anything else", errors.New("disk on fire at /var/lib/x"), 500, "internal_error"},

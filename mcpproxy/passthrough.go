@@ -51,9 +51,16 @@ package mcpproxy
 //     outside any request (server-filesystem asks after initialize) is
 //     answered with an empty list, which keeps such a server's own
 //     configuration.
-//   - notifications/message: to the one session with requests in flight (or
-//     finished in the last moment, doneLinger); to every session when none
-//     is; dropped when several sessions' requests are in flight.
+//   - notifications/message: to the one session with requests in flight;
+//     when none is, to the session whose request finished last if that was
+//     within doneLinger (the SDK client can hand the gateway a call's result
+//     before a log message the upstream sent just before it), else to every
+//     session; dropped when several sessions' requests are in flight. Log
+//     messages carry no request id, so this is best effort: a message sent
+//     just before a result and handled after it can reach another client
+//     whose request is in flight at that moment. Logging is therefore not an
+//     isolation boundary between clients sharing an upstream; progress,
+//     sampling, elicitation and roots are.
 //   - notifications/elicitation/complete: to the session that received the
 //     URL elicitation with that id.
 //
@@ -86,8 +93,8 @@ const (
 	// notifyTimeout bounds sending one relayed notification.
 	notifyTimeout = 5 * time.Second
 	// doneLinger is how long a finished request still attributes an
-	// upstream's log messages to its session: a message sent just before
-	// the result can be handled just after it.
+	// upstream's log messages to its session when no request is in flight:
+	// a message sent just before the result can be handled just after it.
 	doneLinger = 2 * time.Second
 	// gatewayTokenPrefix starts the progress tokens the gateway substitutes
 	// for a client's token that another request already uses.
@@ -368,27 +375,35 @@ func (r *relay) pruneLocked(now time.Time) {
 }
 
 // attribute returns the latest request of the one client session whose
-// requests are in flight on upstream name's session cs, counting requests
-// finished within doneLinger when linger is set; sessions is how many
-// distinct client sessions have such requests (rec is nil unless it is 1).
-func (r *relay) attribute(name string, cs *mcp.ClientSession, linger bool) (rec *inflight, sessions int) {
+// requests are in flight on upstream name's session cs, and how many
+// distinct client sessions have requests in flight there (rec is nil unless
+// it is 1). With recent, when no request is in flight, it returns the
+// request that finished last, within doneLinger (sessions is then 1), if
+// any.
+func (r *relay) attribute(name string, cs *mcp.ClientSession, recent bool) (rec *inflight, sessions int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pruneLocked(time.Now())
+	var last *inflight
 	seen := map[*mcp.ServerSession]bool{}
 	for _, c := range r.calls {
-		if c.upstream != name || c.cs != cs || c.ss == nil || (!linger && !c.done.IsZero()) {
+		if c.upstream != name || c.cs != cs || c.ss == nil {
 			continue
 		}
-		seen[c.ss] = true
-		if rec == nil || c.done.IsZero() || !rec.done.IsZero() {
-			rec = c // prefer the latest, and one still in flight
+		if c.done.IsZero() {
+			seen[c.ss] = true
+			rec = c // the latest
+		} else if last == nil || c.done.After(last.done) {
+			last = c
 		}
 	}
-	if len(seen) != 1 {
-		return nil, len(seen)
+	switch {
+	case len(seen) == 1:
+		return rec, 1
+	case len(seen) == 0 && recent && last != nil:
+		return last, 1
 	}
-	return rec, 1
+	return nil, len(seen)
 }
 
 // requester returns the request an upstream's request (method) belongs to,
@@ -416,7 +431,8 @@ func relayCtx(rec *inflight, upCtx context.Context) (context.Context, context.Ca
 }
 
 func missingCapability(method, what string) error {
-	return &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound,
+	// Not -32601: the SDK replaces that code's message with its own.
+	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest,
 		Message: fmt.Sprintf("toolgate: %s refused: the client this request is for did not declare %s", method, what)}
 }
 

@@ -40,7 +40,7 @@ var testKeys = []string{"key-a", "key-b"}
 func bundleFor(upstreams string) string {
 	var ceiling strings.Builder
 	for _, name := range []string{"test_simple_text", "test_sampling", "test_elicitation", "test_tool_with_progress",
-		"test_tool_with_logging", "test_image_content"} {
+		"test_tool_with_logging", "test_image_content", "test_input_required_result_list_roots"} {
 		fmt.Fprintf(&ceiling, "    - {tool_id: tool:ev-%s, side_effect_class: write, approval_tier: auto}\n", strings.ReplaceAll(name, "_", "-"))
 	}
 	var creds strings.Builder
@@ -169,19 +169,18 @@ type client struct {
 	updated  []string // resource URIs
 	gotLog   chan struct{}
 	gotUpd   chan struct{}
-	// block, when set, is waited on inside the sampling handler after
-	// sampling is closed (once).
-	block    chan struct{}
-	sampling chan struct{}
+	// block, when set, is waited on inside the sampling handler, after a
+	// value is sent on sampling.
+	block, sampling chan struct{}
 }
 
-type declare struct{ sampling, elicitation bool }
+type declare struct{ sampling, elicitation, roots bool }
 
 // connectClient connects to url with key; caps chooses the declared
 // capabilities (through the handlers set).
 func connectClient(t *testing.T, url, key string, caps declare) *client {
 	t.Helper()
-	c := &client{gotLog: make(chan struct{}, 100), gotUpd: make(chan struct{}, 100), sampling: make(chan struct{}, 100)}
+	c := &client{gotLog: make(chan struct{}, 100), gotUpd: make(chan struct{}, 100)}
 	opts := &mcp.ClientOptions{
 		Capabilities: &mcp.ClientCapabilities{},
 		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
@@ -212,10 +211,10 @@ func connectClient(t *testing.T, url, key string, caps declare) *client {
 			}
 			c.mu.Lock()
 			c.sampled = append(c.sampled, text)
-			block := c.block
+			block, entered := c.block, c.sampling
 			c.mu.Unlock()
-			c.sampling <- struct{}{}
 			if block != nil {
+				entered <- struct{}{}
 				select {
 				case <-block:
 				case <-ctx.Done():
@@ -233,7 +232,13 @@ func connectClient(t *testing.T, url, key string, caps declare) *client {
 			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"username": "user-" + key}}, nil
 		}
 	}
+	if caps.roots {
+		opts.Capabilities.RootsV2 = &mcp.RootCapabilities{}
+	}
 	cl := mcp.NewClient(&mcp.Implementation{Name: "test-" + key, Version: "1"}, opts)
+	if caps.roots {
+		cl.AddRoots(&mcp.Root{URI: "file:///work/" + key, Name: key})
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cs, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url,
@@ -461,6 +466,17 @@ func TestPassThroughRouting(t *testing.T) {
 			t.Errorf("another client was asked: a %q, b %q", a.sampled, b.sampled)
 		}
 	})
+	t.Run("roots are the caller's", func(t *testing.T) {
+		withRoots := connectClient(t, url, testKeys[1], declare{roots: true})
+		text, isErr := callText(t, withRoots.cs, &mcp.CallToolParams{Name: "test_input_required_result_list_roots", Arguments: map[string]any{}})
+		if isErr || !strings.Contains(text, "1 root(s): file:///work/key-b") {
+			t.Errorf("result %q (isError %v), want the caller's root", text, isErr)
+		}
+		text, isErr = callText(t, a.cs, &mcp.CallToolParams{Name: "test_input_required_result_list_roots", Arguments: map[string]any{}})
+		if !isErr || !strings.Contains(text, "did not declare roots") {
+			t.Errorf("result %q (isError %v), want the refusal for a client without roots", text, isErr)
+		}
+	})
 	t.Run("progress reaches the caller only, with its token", func(t *testing.T) {
 		text, _ := callText(t, a.cs, &mcp.CallToolParams{Name: "test_tool_with_progress", Arguments: map[string]any{},
 			Meta: mcp.Meta{"progressToken": "tok-a"}})
@@ -515,16 +531,16 @@ func TestPassThroughRouting(t *testing.T) {
 		}
 	})
 	t.Run("requests of two clients in flight are refused, not misrouted", func(t *testing.T) {
-		release := make(chan struct{})
+		release, entered := make(chan struct{}), make(chan struct{}, 1)
 		a.mu.Lock()
-		a.block = release
+		a.block, a.sampling = release, entered
 		a.mu.Unlock()
 		done := make(chan string, 1)
 		go func() {
 			text, _ := callText(t, a.cs, &mcp.CallToolParams{Name: "test_sampling", Arguments: map[string]any{"prompt": "slow a"}})
 			done <- text
 		}()
-		<-a.sampling // a's call is in flight, waiting in a's sampling handler
+		<-entered // a's call is in flight, waiting in a's sampling handler
 		text, isErr := callText(t, b.cs, &mcp.CallToolParams{Name: "test_sampling", Arguments: map[string]any{"prompt": "b meanwhile"}})
 		if !isErr || !strings.Contains(text, "cannot tell which client") {
 			t.Errorf("b's result %q (isError %v), want the refusal", text, isErr)

@@ -121,6 +121,10 @@ type mirror struct {
 	upstream string
 	name     string // the upstream's own name for the tool
 	id       string // canonical id
+	// typed is true when the tool declares an outputSchema: clients check
+	// structuredContent against it, so refusals carry their details in
+	// _meta only.
+	typed bool
 }
 
 // Proxy is the MCP gateway. Create it with New; serve Handler().
@@ -335,14 +339,14 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 	}
 	switch d.Verdict {
 	case toolgate.Deny:
-		return refusal(d, out.ApprovalID, ""), nil
+		return refusal(d, out.ApprovalID, "", m.typed), nil
 	case toolgate.RequireApproval:
 		msg := fmt.Sprintf("This call needs approval before it can run: %s", d.Reason)
 		if out.ApprovalID != "" {
 			msg = fmt.Sprintf("Approval %s is required before %s can run (%s). Ask an approver to run `toolgate approvals approve %s`, then repeat exactly the same call; it will then run once.",
 				out.ApprovalID, name, d.Reason, out.ApprovalID)
 		}
-		return refusal(d, out.ApprovalID, msg), nil
+		return refusal(d, out.ApprovalID, msg, m.typed), nil
 	}
 	req := gate.Request{Identity: id, Tool: name, Args: r.Params.Arguments, Via: "mcp"}
 	res, err := p.forward(ctx, m, r)
@@ -360,12 +364,19 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 		}
 		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{
 			Text: fmt.Sprintf("The tool %s could not be run: upstream %s failed: %v. The call was authorized and recorded; try again later.", name, m.upstream, err)}},
-			StructuredContent: map[string]any{"code": "upstream_unavailable", "layer": "adapter", "upstream": m.upstream}}, nil
+			Meta: mcp.Meta{DecisionMetaKey: map[string]any{"code": "upstream_unavailable", "layer": "adapter", "upstream": m.upstream}}}, nil
 	}
 	return res, nil
 }
 
-func refusal(d toolgate.Decision, approvalID, msg string) *mcp.CallToolResult {
+// DecisionMetaKey is the _meta key under which a refused call's result
+// carries the decision (verdict, code, layer, reason, tool_id, approval_id).
+const DecisionMetaKey = "io.toolgate/decision"
+
+// refusal is the isError result of a visible tool refused by a decision:
+// text the model can act on, the decision in _meta, and in
+// structuredContent too unless the tool declares an outputSchema.
+func refusal(d toolgate.Decision, approvalID, msg string, typed bool) *mcp.CallToolResult {
 	if msg == "" {
 		msg = fmt.Sprintf("The call was refused by the %s layer (%s): %s", d.Layer, d.Code, d.Reason)
 	}
@@ -373,7 +384,11 @@ func refusal(d toolgate.Decision, approvalID, msg string) *mcp.CallToolResult {
 	if approvalID != "" {
 		sc["approval_id"] = approvalID
 	}
-	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}, StructuredContent: sc}
+	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: msg}}, Meta: mcp.Meta{DecisionMetaKey: sc}}
+	if !typed {
+		res.StructuredContent = sc
+	}
+	return res
 }
 
 // forward calls the upstream tool with the client's arguments and meta
@@ -502,7 +517,7 @@ func (p *Proxy) SetTools(u *policy.Upstream, tools []*mcp.Tool, accepted []authz
 			continue
 		}
 		p.mu.Lock()
-		p.mirrors[name] = mirror{upstream: u.Name, name: t.Name, id: a.ID}
+		p.mirrors[name] = mirror{upstream: u.Name, name: t.Name, id: a.ID, typed: t.OutputSchema != nil}
 		p.mu.Unlock()
 	}
 	// Refresh the upstream's mirrored resources and prompts (passthrough.go).

@@ -99,7 +99,8 @@ func mustVerify(t *testing.T, s audit.Store) audit.Report {
 }
 
 // RunAudit runs the audit.Store contract. newHarness must return a harness
-// over a fresh database for every call (and clean it up with t.Cleanup).
+// over a fresh database for every call (and clean it up with t.Cleanup); it
+// is called from parallel subtests.
 func RunAudit(t *testing.T, newHarness func(t *testing.T) *AuditHarness) {
 	ctx := context.Background()
 
@@ -386,6 +387,7 @@ func RunAudit(t *testing.T, newHarness func(t *testing.T) *AuditHarness) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel() // each case has its own database
 				h := newHarness(t)
 				appendN(t, h.Store, 0, 2)
 				appendN(t, h.Store, 2, 3)

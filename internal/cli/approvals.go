@@ -11,7 +11,7 @@ import (
 
 	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
-	"github.com/toolgate/toolgate/httpapi"
+	"github.com/toolgate/toolgate/gate"
 )
 
 // storeCommands are the subcommands that read and change the data folder.
@@ -118,6 +118,7 @@ func runApprovalsDecide(approve bool) func(ctx context.Context, args []string, i
 	return func(ctx context.Context, args []string, io IO) int {
 		fs := newFlags(name, io)
 		data := dataFlag(fs)
+		bundle := bundleFlag(fs)
 		out := outputFlag(fs)
 		as := fs.String("as", "", "the principal who "+verb+"s (required; not the one whose call asked)")
 		reason := fs.String("reason", "", "why, for the audit log")
@@ -136,20 +137,31 @@ func runApprovalsDecide(approve bool) func(ctx context.Context, args []string, i
 			fmt.Fprintf(io.Stderr, "toolgate %s: --as PRINCIPAL is required: the principal who %ss\n", name, verb)
 			return ExitUsage
 		}
+		if *bundle == "" {
+			fmt.Fprintf(io.Stderr, "toolgate %s: --bundle DIR is required: the approver's approval:decide grant is checked against it\n", name)
+			return ExitUsage
+		}
+		snap, ok := loadSnapshot(*bundle, io.Stderr)
+		if !ok {
+			return ExitFailure
+		}
 		st, err := openStore(*data, false)
 		if err != nil {
 			return fail(io.Stderr, "%s: %v", name, err)
 		}
 		defer st.Close()
-		a, ev, derr := httpapi.DecideApproval(ctx, st, pos[0], approve, *as, *reason, "cli", time.Now())
-		if ev != nil {
-			if err := recordNow(ctx, st, *ev); err != nil {
-				fmt.Fprintf(io.Stderr, "toolgate: %s: approval %s is %s, but its audit event could not be written: %v\n", name, a.ID, a.Status, err)
-				return ExitFailure
-			}
-		}
+		rec := audit.NewRecorder(st, nil)
+		defer func() {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			rec.Close(cctx)
+		}()
+		g := gate.New(snap, &gate.Options{Recorder: rec, Approvals: st})
+		a, derr := g.DecideApproval(ctx, pos[0], approve, *as, *reason, "cli")
 		if derr != nil {
 			switch {
+			case errors.Is(derr, gate.ErrSelfApproval), errors.Is(derr, gate.ErrNotApprover):
+				return fail(io.Stderr, "%s: %v", name, derr)
 			case errors.Is(derr, approval.ErrNotFound):
 				return fail(io.Stderr, "%s: no approval %s (see toolgate approvals list)", name, pos[0])
 			case errors.Is(derr, approval.ErrExpired):
@@ -177,10 +189,3 @@ func runApprovalsDecide(approve bool) func(ctx context.Context, args []string, i
 }
 
 // recordNow writes one event durably to the audit log.
-func recordNow(ctx context.Context, st audit.Store, ev audit.Event) error {
-	rec := audit.NewRecorder(st, nil)
-	_, err := rec.Record(ctx, ev)
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	return errors.Join(err, rec.Close(cctx))
-}

@@ -71,6 +71,7 @@ func (gw *gateway) authorize(t *testing.T, want toolgate.Verdict) gate.Outcome {
 }
 
 func TestApprovalsCommands(t *testing.T) {
+	t.Setenv("TOOLGATE_BUNDLE", exampleBundle) // approvers are checked against the bundle
 	ctx := context.Background()
 	gw := newGateway(t)
 	first := gw.authorize(t, toolgate.RequireApproval).ApprovalID
@@ -112,10 +113,10 @@ func TestApprovalsCommands(t *testing.T) {
 		{"approve without an id", []string{"approvals", "approve", "--as", "user:carol"}, cli.ExitUsage, "", "want exactly one approval ID"},
 		{"approve two ids", []string{"approvals", "approve", first, first, "--as", "user:carol"}, cli.ExitUsage, "", "want exactly one approval ID"},
 		{"the requester cannot approve", []string{"approvals", "approve", first, "--as", "user:bob"}, cli.ExitFailure, "", "user:bob asked for it"},
-		{"the requester cannot deny", []string{"approvals", "deny", first, "--as", "user:bob"}, cli.ExitFailure, "", "another principal must approve or deny it"},
+		{"the requester cannot deny", []string{"approvals", "deny", first, "--as", "user:bob"}, cli.ExitFailure, "", "another principal with approval:decide must approve or deny it"},
 		{"unknown approval", []string{"approvals", "approve", "apr_NOPE", "--as", "user:carol"}, cli.ExitFailure, "", "no approval apr_NOPE"},
 		{"carol approves, flags after the id", []string{"approvals", "approve", first, "--as", "user:carol", "--reason", "refund checked"}, 0, "approved " + first + ": tool:payments-refund for agent triage as user:bob", ""},
-		{"approved twice", []string{"approvals", "deny", "--as", "user:dave", first}, cli.ExitFailure, "", "is already approved (by user:carol)"},
+		{"approved twice", []string{"approvals", "deny", "--as", "user:carol", first}, cli.ExitFailure, "", "is already approved (by user:carol)"},
 		{"list approved", []string{"approvals", "list", "--status", "approved"}, 0, first, ""},
 		{"no subcommand", []string{"approvals"}, cli.ExitUsage, "", "Usage: toolgate approvals SUBCOMMAND"},
 	}

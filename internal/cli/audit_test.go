@@ -185,6 +185,7 @@ func TestAuditVerify(t *testing.T) {
 }
 
 func TestAuditNeedsADatabase(t *testing.T) {
+	t.Setenv("TOOLGATE_BUNDLE", exampleBundle) // approvers are checked against the bundle
 	ctx := context.Background()
 	empty := t.TempDir()
 	missing := filepath.Join(t.TempDir(), "nothing-here")

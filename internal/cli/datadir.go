@@ -25,7 +25,7 @@ func dataFlag(fs *flag.FlagSet) *string {
 	if def == "" {
 		def = defaultDataDir
 	}
-	return fs.String("data", def, "data folder holding "+dbFile+" (default $TOOLGATE_DATA, or "+defaultDataDir+")")
+	return fs.String("data", def, "data folder holding "+dbFile+" (the default is $TOOLGATE_DATA when set)")
 }
 
 // dbPath returns the database file of data folder dir.

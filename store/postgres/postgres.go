@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -208,12 +209,10 @@ func (s *Store) migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(7235, hashtext($1))`, s.schema); err != nil {
 			return err
 		}
-		for _, st := range stmts {
-			if _, err := tx.Exec(ctx, st); err != nil {
-				return err
-			}
-		}
-		return nil
+		// One round trip: with no arguments pgx sends the script with the
+		// simple protocol, which runs several statements.
+		_, err := tx.Exec(ctx, strings.Join(stmts, ";\n"))
+		return err
 	})
 }
 
