@@ -20,8 +20,8 @@ import (
 
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/gateway"
-	"github.com/toolgate/toolgate/mcpproxy"
 	"github.com/toolgate/toolgate/internal/testenv"
+	"github.com/toolgate/toolgate/mcpproxy"
 )
 
 const (

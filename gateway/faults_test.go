@@ -2,8 +2,8 @@ package gateway_test
 
 import (
 	"bytes"
-	"crypto/sha256"
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"fmt"
 	"io"
