@@ -7,7 +7,9 @@ package gateway_test
 //
 // "direct" is a Go SDK client calling an in-process echo server; "gateway" is
 // the same client calling the same server through toolgate (decision, durable
-// audit record with group commit in SQLite, forwarding, completion record).
+// audit record with group commit in SQLite, forwarding, completion record);
+// "gateway_sync_normal" is the same with --audit-sync normal (no fsync per
+// commit), which shows what the fsync costs on this disk.
 // The Parallel variants keep 8 calls in flight for throughput; every loop is
 // bounded by b.N and talks only to 127.0.0.1.
 
@@ -104,9 +106,13 @@ func BenchmarkToolsCall(b *testing.B) {
 		b.Fatal(err)
 	}
 	gw := startGateway(b, dir).url
+	dir2 := b.TempDir()
+	os.WriteFile(filepath.Join(dir2, "bundle.yaml"), []byte(fmt.Sprintf(benchGatewayBundle, up)), 0o644)
+	gwNormal := startGatewaySync(b, dir2, "normal").url
 	targets := []struct{ name, url, tool string }{
 		{"direct", up, "echo"},
 		{"gateway", gw, "echo_echo"},
+		{"gateway_sync_normal", gwNormal, "echo_echo"},
 	}
 	for _, tg := range targets {
 		cs := benchSession(b, tg.url)

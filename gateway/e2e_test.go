@@ -39,6 +39,11 @@ type running struct {
 // startGateway runs toolgate serve on bundleDir with a fresh data folder and
 // stops it when the test ends.
 func startGateway(t testing.TB, bundleDir string) *running {
+	return startGatewaySync(t, bundleDir, "")
+}
+
+// startGatewaySync is startGateway with the audit store's durability mode.
+func startGatewaySync(t testing.TB, bundleDir, auditSync string) *running {
 	t.Helper()
 	testenv.NodeModulesDir(t) // fail with "run .ci/install-deps" when missing
 	data := t.TempDir()
@@ -47,7 +52,7 @@ func startGateway(t testing.TB, bundleDir string) *running {
 	var gwp *gateway.Gateway
 	done := make(chan error, 1)
 	go func() {
-		done <- gateway.Run(ctx, gateway.Config{BundleDir: bundleDir, Listen: "127.0.0.1:0", DataDir: data,
+		done <- gateway.Run(ctx, gateway.Config{BundleDir: bundleDir, Listen: "127.0.0.1:0", DataDir: data, AuditSync: auditSync,
 			Ready: func(addr string) { ready <- addr },
 			Mount: func(mux *http.ServeMux, gw *gateway.Gateway) { gwp = gw }}, nil)
 	}()

@@ -46,6 +46,9 @@ type Config struct {
 	BundleDir string
 	Listen    string // default DefaultListen
 	DataDir   string // default ./toolgate-data
+	// AuditSync is the SQLite store's durability: "full" (default, fsync
+	// per commit) or "normal" (survives a gateway crash, not power loss).
+	AuditSync string
 	// EventsFile, when set, also writes every committed event as a JSON
 	// line to this file ("-" is stdout).
 	EventsFile string
@@ -110,7 +113,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data folder: %w", err)
 	}
-	store, err := sqlite.Open(filepath.Join(cfg.DataDir, DBFile), nil)
+	store, err := sqlite.Open(filepath.Join(cfg.DataDir, DBFile), &sqlite.Options{Synchronous: cfg.AuditSync})
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}

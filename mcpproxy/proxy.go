@@ -343,8 +343,8 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 	case toolgate.RequireApproval:
 		msg := fmt.Sprintf("This call needs approval before it can run: %s", d.Reason)
 		if out.ApprovalID != "" {
-			msg = fmt.Sprintf("Approval %s is required before %s can run (%s). Ask an approver to run `toolgate approvals approve %s`, then repeat exactly the same call; it will then run once.",
-				out.ApprovalID, name, d.Reason, out.ApprovalID)
+			msg = fmt.Sprintf("Approval %s is required before %s can run (%s). An approver with approval:decide approves it (toolgate approvals approve %s --as PRINCIPAL, or POST /v1/approvals/%s/approve); then repeat exactly the same call and it runs once.",
+				out.ApprovalID, name, d.Reason, out.ApprovalID, out.ApprovalID)
 		}
 		return refusal(d, out.ApprovalID, msg, m.typed), nil
 	}

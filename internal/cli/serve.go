@@ -22,6 +22,7 @@ func runServe(ctx context.Context, args []string, io IO) int {
 	data := fs.String("data", "toolgate-data", "data folder (SQLite store)")
 	events := fs.String("events", "", "also write every event as a JSON line to this file (- for stdout)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	auditSync := fs.String("audit-sync", "full", "audit store durability: full (fsync per commit; survives power loss) or normal (survives a gateway crash, not power loss)")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
@@ -47,7 +48,7 @@ func runServe(ctx context.Context, args []string, io IO) int {
 			}
 		}
 	}()
-	cfg := gateway.Config{BundleDir: *bundle, Listen: *listen, DataDir: *data, EventsFile: *events, Logger: log, Version: Version,
+	cfg := gateway.Config{BundleDir: *bundle, Listen: *listen, DataDir: *data, EventsFile: *events, AuditSync: *auditSync, Logger: log, Version: Version,
 		Mount: mountAPI}
 	if err := gateway.Run(ctx, cfg, reload); err != nil {
 		fmt.Fprintf(io.Stderr, "toolgate serve: %v\n", err)

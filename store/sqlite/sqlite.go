@@ -40,6 +40,12 @@ type Options struct {
 	// MaxOpenConns caps the connection pool. Default 4 (WAL readers run in
 	// parallel; writers queue on the file lock).
 	MaxOpenConns int
+	// Synchronous is "full" (default: every commit is fsynced, so a
+	// committed audit record survives power loss) or "normal" (commits
+	// reach the OS, so they survive a crash of the gateway process but not
+	// of the machine; WAL is fsynced at checkpoints). "normal" saves about
+	// one fsync per committed batch.
+	Synchronous string
 }
 
 // Store is an audit.Store and an approval.Store over one SQLite file. It is
@@ -142,6 +148,14 @@ func Open(path string, opts *Options) (*Store, error) {
 	if o.MaxOpenConns <= 0 {
 		o.MaxOpenConns = 4
 	}
+	sync := "FULL"
+	switch strings.ToLower(o.Synchronous) {
+	case "", "full":
+	case "normal":
+		sync = "NORMAL"
+	default:
+		return nil, fmt.Errorf("sqlite: synchronous %q: want full or normal", o.Synchronous)
+	}
 	if path == "" || strings.ContainsRune(path, '?') {
 		return nil, fmt.Errorf("sqlite: invalid database path %q (empty, or contains '?')", path)
 	}
@@ -150,8 +164,8 @@ func Open(path string, opts *Options) (*Store, error) {
 			return nil, fmt.Errorf("sqlite: create folder for %s: %w", path, err)
 		}
 	}
-	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_synchronous=FULL&_foreign_keys=1&_txlock=immediate",
-		path, o.BusyTimeout.Milliseconds())
+	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_synchronous=%s&_foreign_keys=1&_txlock=immediate",
+		path, o.BusyTimeout.Milliseconds(), sync)
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
