@@ -33,6 +33,10 @@ type Identity struct {
 	InstanceID     string `json:"instance_id,omitempty"`
 	Environment    string `json:"environment,omitempty"`
 	DeploymentMode string `json:"deployment_mode,omitempty"`
+	// Delegation, when set, narrows the principal's authority to what a
+	// delegation token or a JWT's roles also grant (delegation.go). It is
+	// set only by a verifier, from a verified token.
+	Delegation *Delegation `json:"-"`
 }
 
 // Context returns the identity as an authz resolution context.
@@ -57,6 +61,9 @@ type Options struct {
 	Now func() time.Time
 	// Logger gets operational messages; nil discards.
 	Logger *slog.Logger
+	// Executor runs the calls Call and Execute allow (call.go); nil means
+	// they decide and record but run nothing (the call fails).
+	Executor *Executor
 }
 
 // Gate decides, approves and records. It is safe for concurrent use.
@@ -69,6 +76,8 @@ type Gate struct {
 	discMu    sync.Mutex
 	discSnap  *authz.Snapshot
 	discCache map[Identity]*Disclosure
+
+	dlg delegationCache // delegations compiled per snapshot (delegation.go)
 }
 
 // New returns a Gate deciding with snap.
@@ -122,10 +131,13 @@ func (g *Gate) Disclose(id Identity) *Disclosure {
 	if d, ok := g.discCache[id]; ok {
 		return d
 	}
-	res := snap.Resolve(id.Context())
+	res, cacheable := g.resolve(snap, id)
 	d := &Disclosure{Resolution: res, Disclosed: make(map[string]bool, len(res.Disclosed))}
 	for _, t := range res.Disclosed {
 		d.Disclosed[t] = true
+	}
+	if !cacheable {
+		return d
 	}
 	if len(g.discCache) > 10_000 {
 		g.discCache = map[Identity]*Disclosure{}
@@ -206,7 +218,7 @@ func (g *Gate) Authorize(ctx context.Context, req Request) Outcome {
 		return out
 	}
 	call.Args = out.Args
-	d := snap.Decide(&call)
+	d := g.decide(snap, &call, req.Identity)
 	if d.Verdict == toolgate.RequireApproval {
 		d = g.approvalStep(ctx, req, &call, snap, d, &out)
 	}
@@ -239,7 +251,7 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 		g.log.Error("consume approval", "err", err)
 	} else if ok {
 		call.Approved = true
-		ad := snap.Decide(call)
+		ad := g.decide(snap, call, req.Identity)
 		if ad.Verdict == toolgate.Allow {
 			out.ApprovalID = a.ID
 			ad.Reason = fmt.Sprintf("allowed with approval %s (approved by %s)", a.ID, a.DecidedBy)
@@ -255,7 +267,7 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 	if ttl == 0 {
 		ttl = 15 * time.Minute
 	}
-	a, err := approval.NewApproval(b, req.Principal, now, ttl)
+	a, err := approval.NewApproval(b, requestedBy(req.Identity), now, ttl)
 	if err == nil {
 		a.CorrelationID = out.CorrelationID
 		a.ToolName = req.Tool
@@ -287,6 +299,7 @@ func (g *Gate) event(req Request, out *Outcome) audit.Event {
 	if req.Via != "" {
 		ev.Details = map[string]any{"via": req.Via}
 	}
+	ev.Details = delegationDetails(req.Identity, ev.Details)
 	return ev
 }
 
@@ -322,6 +335,9 @@ type Result struct {
 	// Err is a failure to execute (nil when the tool ran).
 	Err      error
 	Attempts int
+	// Details are added to the completion event's details (Call puts the
+	// failed attempts and the resources there).
+	Details map[string]any
 }
 
 // Complete records agent.tool.completed or agent.tool.failed for an allowed
@@ -353,6 +369,14 @@ func (g *Gate) Complete(ctx context.Context, req Request, out Outcome, res Resul
 		ev.Reason = "the tool returned an error result"
 	} else {
 		ev.Reason = "the tool ran"
+	}
+	if len(res.Details) > 0 {
+		if ev.Details == nil {
+			ev.Details = map[string]any{}
+		}
+		for k, v := range res.Details {
+			ev.Details[k] = v
+		}
 	}
 	if err := rec.Enqueue(ev); err != nil {
 		g.log.Error("audit enqueue failed", "err", err, "event", ev.EventType)

@@ -24,8 +24,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/adapter/builtins"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
+	"github.com/toolgate/toolgate/builtin/registry"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/httpapi"
 	"github.com/toolgate/toolgate/mcpproxy"
@@ -72,6 +74,11 @@ type Gateway struct {
 	Rec   *audit.Recorder
 	// Metrics is the gateway's Prometheus registry, served at /metrics.
 	Metrics *metrics.Metrics
+	// ident verifies JWTs and delegation tokens (identity.go).
+	ident identityState
+	// Builtins are the built-in tools (fs.*, sql.* over the bundle's
+	// Database documents), read at start.
+	Builtins *registry.Registry
 
 	mu        sync.Mutex
 	bundle    *policy.Bundle
@@ -135,7 +142,14 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	gw.Metrics = metrics.New(nil)
 	sinks = append(sinks, gw.Metrics.AuditSink())
 	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks})
-	gw.Gate = gate.New(snap, &gate.Options{Recorder: gw.Rec, Approvals: store, Logger: log})
+	bt, err := builtins.Open(ctx, b, cfg.BundleDir)
+	if err != nil {
+		return fmt.Errorf("built-in tools: %w", err)
+	}
+	defer bt.Close()
+	gw.Builtins = bt
+	executor := &gate.Executor{Builtins: bt, BaseDir: cfg.BundleDir}
+	gw.Gate = gate.New(snap, &gate.Options{Recorder: gw.Rec, Approvals: store, Logger: log, Executor: executor})
 	gw.Gate.RecordEvent(bundleEvent(toolgate.EventBundleLoaded, cfg.BundleDir, "the bundle was loaded", nil))
 
 	ups, err := gw.newUpstreams(b)
@@ -143,7 +157,15 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		return err
 	}
 	gw.Ups = ups
-	gw.Proxy = mcpproxy.New(gw.Gate, ups, mcpproxy.NewIdentities(b), &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics})
+	if ups != nil {
+		executor.Upstreams = ups
+	}
+	ids, err := gw.identities(b)
+	if err != nil {
+		return err
+	}
+	gw.Proxy = mcpproxy.New(gw.Gate, ups, ids, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics})
+	gw.Proxy.SetBuiltins(snap, bt)
 	if ups != nil {
 		if err := ups.Start(ctx); err != nil {
 			log.Warn("some upstreams are down; they are restarted in the background", "err", err)
@@ -154,9 +176,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	mux.Handle("/mcp", gw.Proxy.Handler())
 	// The JSON API also serves /healthz, /readyz and /metrics.
 	mux.Handle("/", httpapi.New(gw.Gate, &httpapi.Options{Metrics: gw.Metrics, Ready: gw.Ready, Audit: store, Logger: log,
-		Identify: func(r *http.Request) (gate.Identity, error) {
-			return gw.Proxy.Identities().Identify(r.Header.Get("Authorization"))
-		}}))
+		Identify: gw.identifyHTTP}))
+	mux.Handle("/v1/delegations", gw.delegationsHandler()) // identity.go
 	if cfg.Mount != nil {
 		cfg.Mount(mux, gw)
 	}
@@ -227,9 +248,9 @@ func bundleEvent(t toolgate.EventType, dir, reason string, details map[string]an
 	return audit.Event{EventType: string(t), Reason: reason, Details: details}
 }
 
-// upstreamConfig turns an Upstream document into the manager's config;
+// UpstreamConfig turns an Upstream document into the manager's config;
 // relative paths resolve against the bundle folder.
-func upstreamConfig(bundleDir string, u *policy.Upstream) upstream.Config {
+func UpstreamConfig(bundleDir string, u *policy.Upstream) upstream.Config {
 	secret := func(s policy.Secret) upstream.Secret {
 		return upstream.Secret{Value: s.Value, FromEnv: s.FromEnv, FromFile: s.FromFile}
 	}
@@ -268,7 +289,7 @@ func (gw *Gateway) newUpstreams(b *policy.Bundle) (*upstream.Manager, error) {
 	}
 	var cfgs []upstream.Config
 	for _, u := range b.Upstreams {
-		cfgs = append(cfgs, upstreamConfig(gw.cfg.BundleDir, u))
+		cfgs = append(cfgs, UpstreamConfig(gw.cfg.BundleDir, u))
 	}
 	o := &upstream.Options{Logger: gw.log, OnChange: gw.onToolsChanged}
 	// Route what upstreams send to clients (sampling, elicitation, roots,
@@ -375,6 +396,10 @@ func (gw *Gateway) Reload() error {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	b, err := policy.LoadDir(gw.cfg.BundleDir)
+	var ids *mcpproxy.Identities
+	if err == nil {
+		ids, err = gw.identities(b)
+	}
 	if err == nil {
 		err = gw.recompileLocked(b)
 	}
@@ -384,7 +409,8 @@ func (gw *Gateway) Reload() error {
 		return err
 	}
 	gw.bundle = b
-	gw.Proxy.SetIdentities(mcpproxy.NewIdentities(b))
+	gw.Proxy.SetIdentities(ids)
+	gw.Proxy.SetBuiltins(gw.Gate.Snapshot(), gw.Builtins)
 	gw.Gate.RecordEvent(bundleEvent(toolgate.EventBundleLoaded, gw.cfg.BundleDir, "the bundle was reloaded", nil))
 	gw.log.Info("bundle reloaded", "generation", gw.gen)
 	return nil

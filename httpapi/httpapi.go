@@ -14,6 +14,8 @@
 //	POST /v1/resolve                   IdentityFields → authz.Resolution (as toolgate resolve -o json)
 //	POST /v1/decide                    DecideRequest → DecisionResponse (200)
 //	                                   or Envelope (403 deny, 202 approval, 503 internal_error)
+//	POST /v1/tools/call                ToolsCallRequest → ToolsCallResponse: decide, run, answer (200
+//	                                   success; 403, 202, 503 as decide; 502 tool failed, 504 timed out)
 //	GET  /v1/approvals?status=pending  ApprovalList (status: a status, a comma list, or all)
 //	POST /v1/approvals/{id}/approve    ApprovalDecisionRequest → approval.Approval
 //	POST /v1/approvals/{id}/deny       ApprovalDecisionRequest → approval.Approval
@@ -208,6 +210,7 @@ func New(g *gate.Gate, opts *Options) http.Handler {
 	}
 	route("/v1/resolve", http.MethodPost, true, s.resolve)
 	route("/v1/decide", http.MethodPost, true, s.decide)
+	route("/v1/tools/call", http.MethodPost, true, s.toolsCall)
 	route("/v1/approvals", http.MethodGet, true, s.listApprovals)
 	route("/v1/approvals/{id}/approve", http.MethodPost, true, s.decideApproval(true))
 	route("/v1/approvals/{id}/deny", http.MethodPost, true, s.decideApproval(false))

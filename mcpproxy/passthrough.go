@@ -51,18 +51,18 @@ package mcpproxy
 //     outside any request (server-filesystem asks after initialize) is
 //     answered with an empty list, which keeps such a server's own
 //     configuration.
-//   - notifications/message: to the one session with requests in flight;
-//     when none is, to the session whose request finished last if that was
-//     within doneLinger (the SDK client can hand the gateway a call's result
-//     before a log message the upstream sent just before it), else to every
-//     session; dropped when several sessions' requests are in flight. Log
-//     messages carry no request id, so this is best effort: a message sent
-//     just before a result and handled after it can reach another client
-//     whose request is in flight at that moment. Logging is therefore not an
-//     isolation boundary between clients sharing an upstream; progress,
-//     sampling, elicitation and roots are.
+//   - notifications/message: to the session with requests in flight on
+//     that upstream or, with none in flight, the one whose request there
+//     finished last (within doneLinger); dropped when another client's
+//     request overlaps, so that a message is never taken for another
+//     client's (logTarget); to every session, each filtering by its own
+//     level, when no client has used that upstream within doneLinger.
 //   - notifications/elicitation/complete: to the session that received the
 //     URL elicitation with that id.
+//
+// Relayed notifications are queued per client session and sent in order by
+// a goroutine (post), so a slow client cannot stall the upstream session
+// that all clients share.
 //
 // Because the gateway's upstream sessions are shared by all its clients and
 // exist before any client connects, the gateway declares sampling (with
@@ -92,9 +92,16 @@ const (
 	passTimeout = upstream.DefaultCallTimeout
 	// notifyTimeout bounds sending one relayed notification.
 	notifyTimeout = 5 * time.Second
-	// doneLinger is how long a finished request still attributes an
-	// upstream's log messages to its session when no request is in flight:
-	// a message sent just before the result can be handled just after it.
+	// outboxLimit bounds the notifications waiting for one client session.
+	outboxLimit = 1000
+	// logSettle bounds how late the upstream's SDK client may handle a log
+	// message relative to the result that followed it (relayed
+	// notifications are queued, never sent, on the client's handler
+	// goroutine, so it stays short); see logTarget.
+	logSettle = 10 * time.Millisecond
+	// doneLinger is how long after its last request there finished a
+	// session can still be the one an upstream's log message is for; only
+	// with no such session is a message taken to be about the server.
 	doneLinger = 2 * time.Second
 	// gatewayTokenPrefix starts the progress tokens the gateway substitutes
 	// for a client's token that another request already uses.
@@ -188,6 +195,7 @@ type relay struct {
 	subs      map[string]*subscription // resource URI → who subscribed
 	levels    map[*mcp.ServerSession]mcp.LoggingLevel
 	elicits   map[string]*mcp.ServerSession // URL elicitation id → session asked
+	outboxes  map[*mcp.ServerSession]*outbox
 }
 
 // upState is what the relay knows of one upstream.
@@ -220,13 +228,25 @@ type inflight struct {
 	ctx      context.Context    // its handler context: routes to its stream
 	token    string             // key of the progress token sent upstream; "" if none
 	client   any                // the client's own progress token
-	done     time.Time          // zero while in flight
+	start    time.Time
+	done     time.Time     // zero while in flight; read under relay.mu
+	ended    chan struct{} // closed with done set
+}
+
+// live reports whether the request is still in flight (its stream open).
+func (c *inflight) live() bool {
+	select {
+	case <-c.ended:
+		return false
+	default:
+		return true
+	}
 }
 
 func newRelay(p *Proxy) *relay {
 	return &relay{p: p, ups: map[string]*upState{}, resOwner: map[string]string{}, tmplOwner: map[string]string{},
 		prompts: map[string]promptRef{}, subs: map[string]*subscription{}, levels: map[*mcp.ServerSession]mcp.LoggingLevel{},
-		elicits: map[string]*mcp.ServerSession{}}
+		elicits: map[string]*mcp.ServerSession{}, outboxes: map[*mcp.ServerSession]*outbox{}}
 }
 
 // configure adds the pass-through capabilities and handlers to the
@@ -298,6 +318,7 @@ type call struct {
 func (c *call) end() {
 	c.r.mu.Lock()
 	c.rec.done = time.Now()
+	close(c.rec.ended)
 	c.r.mu.Unlock()
 }
 
@@ -326,7 +347,7 @@ func (r *relay) begin(ctx context.Context, name string, ss *mcp.ServerSession, m
 // track registers the request, replacing its progress token when another
 // request in flight on the upstream uses the same one.
 func (r *relay) track(ctx context.Context, name string, cs *mcp.ClientSession, ss *mcp.ServerSession, meta mcp.Meta) *call {
-	rec := &inflight{upstream: name, cs: cs, ss: ss, ctx: ctx}
+	rec := &inflight{upstream: name, cs: cs, ss: ss, ctx: ctx, start: time.Now(), ended: make(chan struct{})}
 	c := &call{cs: cs, meta: meta, rec: rec, r: r}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -374,42 +395,104 @@ func (r *relay) pruneLocked(now time.Time) {
 	})
 }
 
-// attribute returns the latest request of the one client session whose
-// requests are in flight on upstream name's session cs, and how many
-// distinct client sessions have requests in flight there (rec is nil unless
-// it is 1). With recent, when no request is in flight, it returns the
-// request that finished last, within doneLinger (sessions is then 1), if
-// any.
-func (r *relay) attribute(name string, cs *mcp.ClientSession, recent bool) (rec *inflight, sessions int) {
+// attribute finds the client session upstream name's session cs is serving
+// when it sends a request: the one session with requests in flight there.
+// It returns that session's latest request, and how many sessions have
+// requests in flight (the request is nil unless that is 1).
+func (r *relay) attribute(name string, cs *mcp.ClientSession) (rec *inflight, sessions int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pruneLocked(time.Now())
-	var last *inflight
 	seen := map[*mcp.ServerSession]bool{}
 	for _, c := range r.calls {
-		if c.upstream != name || c.cs != cs || c.ss == nil {
-			continue
-		}
-		if c.done.IsZero() {
+		if c.upstream == name && c.cs == cs && c.ss != nil && c.done.IsZero() {
 			seen[c.ss] = true
-			rec = c // the latest
-		} else if last == nil || c.done.After(last.done) {
-			last = c
+			rec = c
+		}
+	}
+	if len(seen) != 1 {
+		return nil, len(seen)
+	}
+	return rec, 1
+}
+
+// logTarget finds the client session a log message from upstream name's
+// session cs is for. Log messages carry no request id, and the SDK client
+// may hand the gateway a call's result before it has handled a message sent
+// just before that result, so:
+//
+//   - with requests of one session in flight, that session, unless another
+//     connected session's request there finished after logSettle before the
+//     first of them started (its late message could be this one);
+//   - with none in flight, the connected session whose request there
+//     finished last within doneLinger, unless another one's finished within
+//     logSettle of it;
+//   - with neither, every session (server is true): a message about the
+//     server itself, which each session filters by its own level.
+//
+// In every other case it returns nothing and the message is dropped.
+func (r *relay) logTarget(name string, cs *mcp.ClientSession) (rec *inflight, server bool) {
+	live := map[*mcp.ServerSession]bool{}
+	for ss := range r.p.server.Sessions() {
+		live[ss] = true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pruneLocked(time.Now())
+	var mine []*inflight
+	for _, c := range r.calls {
+		if c.upstream == name && c.cs == cs && c.ss != nil && (c.done.IsZero() || live[c.ss]) {
+			mine = append(mine, c)
+		}
+	}
+	// others reports whether a session other than ss has a request that
+	// finished after t.
+	others := func(ss *mcp.ServerSession, t time.Time) bool {
+		for _, c := range mine {
+			if c.ss != ss && !c.done.IsZero() && c.done.After(t) {
+				return true
+			}
+		}
+		return false
+	}
+	var first time.Time
+	sessions := map[*mcp.ServerSession]bool{}
+	for _, c := range mine {
+		if c.done.IsZero() {
+			sessions[c.ss] = true
+			if first.IsZero() || c.start.Before(first) {
+				first = c.start
+			}
+			rec = c
 		}
 	}
 	switch {
-	case len(seen) == 1:
-		return rec, 1
-	case len(seen) == 0 && recent && last != nil:
-		return last, 1
+	case len(sessions) > 1:
+		return nil, false
+	case len(sessions) == 1:
+		if others(rec.ss, first.Add(-logSettle)) {
+			return nil, false
+		}
+		return rec, false
 	}
-	return nil, len(seen)
+	for _, c := range mine {
+		if rec == nil || c.done.After(rec.done) {
+			rec = c
+		}
+	}
+	if rec == nil {
+		return nil, true
+	}
+	if others(rec.ss, rec.done.Add(-logSettle)) {
+		return nil, false
+	}
+	return rec, false
 }
 
 // requester returns the request an upstream's request (method) belongs to,
 // or a JSON-RPC error saying why there is none.
 func (r *relay) requester(name string, cs *mcp.ClientSession, method string) (*inflight, error) {
-	rec, n := r.attribute(name, cs, false)
+	rec, n := r.attribute(name, cs)
 	switch {
 	case rec != nil:
 		return rec, nil
@@ -491,7 +574,7 @@ func (r *relay) elicit(ctx context.Context, name string, req *mcp.ElicitRequest)
 
 func (r *relay) listRoots(ctx context.Context, name string, req *mcp.ListRootsRequest) (*mcp.ListRootsResult, error) {
 	const method = "roots/list"
-	rec, n := r.attribute(name, req.Session, false)
+	rec, n := r.attribute(name, req.Session)
 	if n == 0 {
 		return &mcp.ListRootsResult{Roots: []*mcp.Root{}}, nil
 	}
@@ -542,34 +625,48 @@ func (r *relay) progress(name string, req *mcp.ProgressNotificationClientRequest
 	}
 	p := *req.Params
 	p.ProgressToken = rec.client
-	if err := rec.ss.NotifyProgress(rec.ctx, &p); err != nil {
-		r.p.log.Debug("progress notification not delivered", "upstream", name, "err", err)
-	}
+	r.post(rec.ss, func() {
+		ctx, cancel := context.WithTimeout(rec.ctx, notifyTimeout)
+		defer cancel()
+		if err := rec.ss.NotifyProgress(ctx, &p); err != nil {
+			r.p.log.Debug("progress notification not delivered", "upstream", name, "err", err)
+		}
+	})
 }
 
 func (r *relay) logMessage(name string, req *mcp.LoggingMessageRequest) {
 	if req.Params == nil {
 		return
 	}
-	rec, n := r.attribute(name, req.Session, true)
+	params := req.Params
+	rec, server := r.logTarget(name, req.Session)
 	switch {
 	case rec != nil:
-		if rec.done.IsZero() && rec.ss.Log(rec.ctx, req.Params) == nil {
-			return
-		}
-		// The request has finished (its stream is closed): use the
-		// session's standalone stream.
-		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
-		defer cancel()
-		rec.ss.Log(ctx, req.Params)
-	case n == 0:
-		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
-		defer cancel()
+		r.post(rec.ss, func() {
+			if rec.live() {
+				ctx, cancel := context.WithTimeout(rec.ctx, notifyTimeout)
+				err := rec.ss.Log(ctx, params)
+				cancel()
+				if err == nil {
+					return
+				}
+			}
+			// The request has finished (its stream is closed): use the
+			// session's standalone stream.
+			ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+			defer cancel()
+			rec.ss.Log(ctx, params)
+		})
+	case server:
 		for ss := range r.p.server.Sessions() {
-			ss.Log(ctx, req.Params) // each session's own level filters
+			r.post(ss, func() {
+				ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+				defer cancel()
+				ss.Log(ctx, params) // the session's own level filters
+			})
 		}
 	default:
-		r.p.log.Debug("log message dropped: requests of several clients are in flight on its upstream", "upstream", name, "clients", n)
+		r.p.log.Debug("log message dropped: the gateway cannot tell which client it is for", "upstream", name)
 	}
 }
 
@@ -585,9 +682,12 @@ func (r *relay) resourceUpdated(name string, req *mcp.ResourceUpdatedNotificatio
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
-	defer cancel()
-	r.p.server.ResourceUpdated(ctx, req.Params) // to the subscribed sessions only
+	params := req.Params
+	r.post(nil, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+		defer cancel()
+		r.p.server.ResourceUpdated(ctx, params) // to the subscribed sessions only
+	})
 }
 
 func (r *relay) elicitationComplete(name string, req *mcp.ElicitationCompleteNotificationRequest) {
@@ -601,9 +701,59 @@ func (r *relay) elicitationComplete(name string, req *mcp.ElicitationCompleteNot
 	if ss == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
-	defer cancel()
-	ss.NotifyElicitationComplete(ctx, req.Params)
+	params := req.Params
+	r.post(ss, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+		defer cancel()
+		ss.NotifyElicitationComplete(ctx, params)
+	})
+}
+
+// outbox holds the notifications waiting to be sent to one client session.
+type outbox struct {
+	queue   []func()
+	running bool
+}
+
+// post queues a notification for client session ss (nil: for the server's
+// subscription fan-out) and sends the queue in order in a goroutine, so the
+// upstream's handler goroutine, shared by all clients, never waits for a
+// slow client. A session with outboxLimit notifications waiting loses the
+// new one.
+func (r *relay) post(ss *mcp.ServerSession, send func()) {
+	r.mu.Lock()
+	ob := r.outboxes[ss]
+	if ob == nil {
+		ob = &outbox{}
+		r.outboxes[ss] = ob
+	}
+	if len(ob.queue) >= outboxLimit {
+		r.mu.Unlock()
+		r.p.log.Warn("notification dropped: the client is not reading its stream", "queued", outboxLimit)
+		return
+	}
+	ob.queue = append(ob.queue, send)
+	if ob.running {
+		r.mu.Unlock()
+		return
+	}
+	ob.running = true
+	r.mu.Unlock()
+	go func() {
+		for {
+			r.mu.Lock()
+			if len(ob.queue) == 0 {
+				ob.running = false
+				delete(r.outboxes, ss)
+				r.mu.Unlock()
+				return
+			}
+			send := ob.queue[0]
+			ob.queue = ob.queue[1:]
+			r.mu.Unlock()
+			send()
+		}
+	}()
 }
 
 // --- client-to-upstream requests --------------------------------------------

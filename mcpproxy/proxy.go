@@ -64,7 +64,26 @@ type Identities struct {
 	names     map[string]string
 	anonymous *gate.Identity
 	origins   map[string]bool
+	tokens    TokenVerifier
 }
+
+// TokenVerifier authenticates bearer tokens that are not API keys: JWTs of
+// a trusted issuer and the gateway's delegation tokens (package identity).
+// Its error is answered with 401.
+type TokenVerifier interface {
+	Verify(token string) (gate.Identity, error)
+}
+
+// WithTokens returns a copy of ids that also accepts the JWT-shaped bearer
+// tokens v verifies; nil accepts API keys only.
+func (ids *Identities) WithTokens(v TokenVerifier) *Identities {
+	cp := *ids
+	cp.tokens = v
+	return &cp
+}
+
+// Tokens returns the token verifier WithTokens installed (nil if none).
+func (ids *Identities) Tokens() TokenVerifier { return ids.tokens }
 
 // NewIdentities builds the credential table from a bundle's Credential
 // documents and Settings.anonymous.
@@ -95,8 +114,9 @@ func toIdentity(p policy.Identity) gate.Identity {
 var errUnauthorized = errors.New("unauthorized")
 
 // Identify maps an Authorization header to an identity: a known API key's
-// identity, or the anonymous identity when there is no header and one is
-// configured. A wrong key is refused even when anonymous access is on.
+// identity, a JWT or delegation token's (WithTokens), or the anonymous
+// identity when there is no header and one is configured. A wrong key or
+// token is refused even when anonymous access is on.
 func (ids *Identities) Identify(authorization string) (gate.Identity, error) {
 	if authorization == "" {
 		if ids.anonymous != nil {
@@ -108,8 +128,17 @@ func (ids *Identities) Identify(authorization string) (gate.Identity, error) {
 	if !ok || !strings.EqualFold(scheme, "bearer") || key == "" {
 		return gate.Identity{}, fmt.Errorf("%w: the Authorization header must be Bearer <api key>", errUnauthorized)
 	}
-	sum := sha256.Sum256([]byte(strings.TrimSpace(key)))
+	key = strings.TrimSpace(key)
+	sum := sha256.Sum256([]byte(key))
 	id, ok := ids.byKeyHash[hex.EncodeToString(sum[:])]
+	if !ok && ids.tokens != nil && strings.Count(key, ".") == 2 {
+		// JWT-shaped: a token, never the client's say (package identity).
+		tid, err := ids.tokens.Verify(key)
+		if err != nil {
+			return gate.Identity{}, fmt.Errorf("%w: %v", errUnauthorized, err)
+		}
+		return tid, nil
+	}
 	if !ok {
 		return gate.Identity{}, fmt.Errorf("%w: unknown API key", errUnauthorized)
 	}
@@ -125,6 +154,9 @@ type mirror struct {
 	// structuredContent against it, so refusals carry their details in
 	// _meta only.
 	typed bool
+	// builtin is the built-in tool's function name ("sql.query") for a
+	// built-in tool (SetBuiltins); "" for an upstream tool.
+	builtin string
 }
 
 // Proxy is the MCP gateway. Create it with New; serve Handler().
@@ -328,10 +360,23 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 	start := time.Now()
 	m, mirrored := p.lookup(name)
 	visible := mirrored && p.g.Disclose(id).Disclosed[m.id]
-	out := p.g.Authorize(ctx, gate.Request{Identity: id, Tool: name, Args: r.Params.Arguments, Via: "mcp"})
+	req := gate.Request{Identity: id, Tool: name, Args: r.Params.Arguments, Via: "mcp"}
+	var (
+		out gate.Outcome
+		cr  gate.CallResult
+	)
+	if visible {
+		// Decide, run through the adapter (timeout, retries by side-effect
+		// class, result cap) and record: gate.Call, as the HTTP API does.
+		out, cr = p.g.CallWith(ctx, req, &gate.CallOptions{Forward: func(ctx context.Context) (*mcp.CallToolResult, error) {
+			return p.forward(ctx, m, r)
+		}})
+	} else {
+		out = p.g.Authorize(ctx, req)
+	}
 	d := out.Decision
 	if p.opts.Observer != nil {
-		p.opts.Observer.Decision("mcp", d, time.Since(start))
+		p.opts.Observer.Decision("mcp", d, time.Since(start)-cr.Duration)
 	}
 	if !visible {
 		// Hidden and unknown tools look the same to the caller.
@@ -348,16 +393,7 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 		}
 		return refusal(d, out.ApprovalID, msg, m.typed), nil
 	}
-	req := gate.Request{Identity: id, Tool: name, Args: r.Params.Arguments, Via: "mcp"}
-	res, err := p.forward(ctx, m, r)
-	var output []byte
-	failed := false
-	if res != nil {
-		output, _ = json.Marshal(res)
-		failed = res.IsError
-	}
-	p.g.Complete(ctx, req, out, gate.Result{Output: output, Failed: failed, Err: err})
-	if err != nil {
+	if err := cr.Err; err != nil && m.builtin == "" {
 		var rpcErr *jsonrpc.Error
 		if errors.As(err, &rpcErr) {
 			return nil, rpcErr
@@ -366,7 +402,7 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 			Text: fmt.Sprintf("The tool %s could not be run: upstream %s failed: %v. The call was authorized and recorded; try again later.", name, m.upstream, err)}},
 			Meta: mcp.Meta{DecisionMetaKey: map[string]any{"code": "upstream_unavailable", "layer": "adapter", "upstream": m.upstream}}}, nil
 	}
-	return res, nil
+	return cr.Tool, nil
 }
 
 // DecisionMetaKey is the _meta key under which a refused call's result
@@ -537,4 +573,67 @@ func (p *Proxy) addTool(t *mcp.Tool) (err error) {
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "toolgate: call reached an unguarded handler (refused)"}
 	})
 	return nil
+}
+
+// SetBuiltins mirrors the catalog's built-in tools (Tool documents whose
+// source is builtin) into the MCP server, so the model sees them like any
+// other tool, under the underscore spelling of their id
+// (toolid.FunctionName: sql.query is sql_query, fs.read is fs_read), the
+// one spelling every model API accepts as a function name. Their calls run
+// through gate.Call: inspected, decided, run and recorded. Call it after
+// each compilation; built-in tools that left the catalog are removed. A
+// name an upstream tool already uses is refused and logged.
+func (p *Proxy) SetBuiltins(snap *authz.Snapshot, tools gate.Builtins) {
+	want := map[string]mirror{}
+	defs := map[string]*mcp.Tool{}
+	for _, t := range snap.Tools() {
+		if t.Builtin == "" || tools == nil {
+			continue
+		}
+		bt, ok := tools.Lookup(t.Builtin)
+		if !ok {
+			p.log.Warn("built-in tool not configured; it is not offered", "tool", t.ID, "builtin", t.Builtin)
+			continue
+		}
+		spec := bt.Spec()
+		schema := map[string]any{}
+		if err := json.Unmarshal(spec.InputSchema, &schema); err != nil || schema["type"] != "object" {
+			schema = map[string]any{"type": "object"}
+		}
+		desc := t.Description
+		if desc == "" {
+			desc = spec.Description
+		}
+		name := toolid.FunctionName(t.ID)
+		defs[name] = &mcp.Tool{Name: name, Description: desc, InputSchema: schema,
+			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: t.SideEffectClass <= toolgate.SideEffectRead}}
+		want[name] = mirror{id: t.ID, name: t.Builtin, builtin: t.Builtin}
+	}
+	p.mu.Lock()
+	var remove []string
+	for name, m := range p.mirrors {
+		if _, keep := want[name]; m.builtin != "" && !keep {
+			remove = append(remove, name)
+			delete(p.mirrors, name)
+		}
+	}
+	for name := range want {
+		if m, taken := p.mirrors[name]; taken && m.builtin == "" {
+			p.log.Warn("built-in tool name is taken by an upstream tool; the built-in tool is not offered", "name", name, "upstream", m.upstream)
+			delete(want, name)
+		}
+	}
+	p.mu.Unlock()
+	if len(remove) > 0 {
+		p.server.RemoveTools(remove...)
+	}
+	for name, m := range want {
+		if err := p.addTool(defs[name]); err != nil {
+			p.log.Warn("built-in tool refused", "tool", name, "err", err)
+			continue
+		}
+		p.mu.Lock()
+		p.mirrors[name] = m
+		p.mu.Unlock()
+	}
 }

@@ -332,6 +332,12 @@ type Settings struct {
 	// AllowedOrigins are the browser Origin values the gateway accepts
 	// besides loopback ones (DNS rebinding protection).
 	AllowedOrigins []string `yaml:"allowed_origins"`
+	// JWTIssuers are the identity providers whose bearer JWTs the MCP
+	// proxy and the JSON API accept besides API keys (identity_docs.go).
+	JWTIssuers []JWTIssuer `yaml:"jwt_issuers"`
+	// Delegations configures the gateway's delegation tokens
+	// (identity_docs.go).
+	Delegations DelegationSettings `yaml:"delegations"`
 }
 
 // Duration is a time.Duration written as "30s", "15m".

@@ -34,6 +34,7 @@ type Bundle struct {
 	Settings        []*Settings
 	Upstreams       []*Upstream
 	Credentials     []*Credential
+	Databases       []*Database
 	// Extra holds documents of kinds registered by other packages (see
 	// RegisterKind), keyed by kind.
 	Extra map[string][]any
@@ -56,6 +57,7 @@ var kinds = map[string]reflect.Type{
 	"Settings":      reflect.TypeFor[Settings](),
 	"Upstream":      reflect.TypeFor[Upstream](),
 	"Credential":    reflect.TypeFor[Credential](),
+	"Database":      reflect.TypeFor[Database](),
 }
 
 // KindNames lists the document kinds the loader accepts, sorted.
@@ -235,6 +237,8 @@ func (b *Bundle) addDocument(file string, n *yaml.Node) {
 		b.Upstreams = append(b.Upstreams, d)
 	case *Credential:
 		b.Credentials = append(b.Credentials, d)
+	case *Database:
+		b.Databases = append(b.Databases, d)
 	default:
 		if b.Extra == nil {
 			b.Extra = map[string][]any{}

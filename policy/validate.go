@@ -117,6 +117,8 @@ func (b *Bundle) Validate(opts *ValidateOptions) *Report {
 	v.settings()
 	v.upstreams()
 	v.credentials()
+	v.databases()
+	v.identitySettings()
 	for _, f := range opts.ExtraChecks {
 		f(b, r)
 	}

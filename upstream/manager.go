@@ -580,11 +580,23 @@ func (u *upstream) newClient() *mcp.Client {
 		co.ElicitationCompleteHandler = func(ctx context.Context, r *mcp.ElicitationCompleteNotificationRequest) { f(ctx, name, r) }
 	}
 	c := mcp.NewClient(o.ClientInfo, co)
-	if f := o.ListRoots; f != nil {
+	listRoots, elicit := o.ListRoots, o.Elicit
+	if listRoots != nil || elicit != nil {
+		// Answered in middleware: the SDK client's own elicitation handler
+		// validates the requested schema first and refuses shapes newer
+		// than it knows (SEP-1330 titled multi-select), which the
+		// downstream client may well understand; relay them unchanged.
 		c.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
 			return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-				if r, ok := req.(*mcp.ListRootsRequest); ok {
-					return f(ctx, name, r)
+				switch r := req.(type) {
+				case *mcp.ListRootsRequest:
+					if listRoots != nil {
+						return listRoots(ctx, name, r)
+					}
+				case *mcp.ElicitRequest:
+					if elicit != nil {
+						return elicit(ctx, name, r)
+					}
 				}
 				return next(ctx, method, req)
 			}

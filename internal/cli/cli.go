@@ -45,6 +45,7 @@ func commandTable() map[string]command {
 		{"resolve", "show an agent's active, authorized and disclosed tool sets", runResolve},
 		{"decide", "decide one tool call (exit 0 allow, 3 deny, 4 approval)", runDecide},
 		{"explain", "show every layer's verdict for one tool call", runExplain},
+		{"call", "decide and run one tool call, recorded (exit 0 ran, 3 deny, 4 approval, 5 tool failed)", runCall},
 		{"serve", "run the MCP gateway and JSON API (default 127.0.0.1:8420)", runServe},
 	} {
 		out[c.name] = c

@@ -1,0 +1,410 @@
+package gate
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql/driver"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/adapter"
+	"github.com/toolgate/toolgate/approval"
+	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/authz"
+	"github.com/toolgate/toolgate/builtin"
+	"github.com/toolgate/toolgate/upstream"
+)
+
+// Builtins finds built-in tools by their function name ("sql.query", the
+// Tool's source.builtin); *registry.Registry implements it.
+type Builtins interface {
+	Lookup(name string) (builtin.Tool, bool)
+}
+
+// Upstreams forwards a tools/call to the named upstream MCP server;
+// *upstream.Manager implements it. Errors wrapping upstream.ErrDown or
+// upstream.ErrCallTimeout are transient (retried where the class allows).
+type Upstreams interface {
+	CallTool(ctx context.Context, name string, params *mcp.CallToolParams) (*mcp.CallToolResult, error)
+}
+
+// Executor is what Call and Execute run allowed calls with. Set its fields
+// before the gate serves calls; they are not changed afterwards.
+type Executor struct {
+	// Builtins are the built-in tools; nil means none (a built-in tool is
+	// then refused before it is decided, since what it would touch cannot
+	// be known).
+	Builtins Builtins
+	// Upstreams reaches MCP upstream tools; nil means none.
+	Upstreams Upstreams
+	// BaseDir is the folder relative agent workspaces resolve against: the
+	// bundle folder.
+	BaseDir string
+	// Runner runs the attempts (timeouts, retries, backoff); nil means
+	// adapter.New(nil), the real clock.
+	Runner *adapter.Runner
+}
+
+// ErrNotExecutable is a CallResult.Err for an allowed tool this gateway
+// cannot run: declared only (its agent runtime runs it), an http source, a
+// built-in or upstream that is not configured here.
+var ErrNotExecutable = errors.New("this gateway cannot run the tool")
+
+// ErrNotAllowed is a CallResult.Err from Execute given an outcome that
+// does not allow the call; nothing ran.
+var ErrNotAllowed = errors.New("the call is not allowed")
+
+// CallResult is what running an allowed call produced. Its Result (output,
+// failed, error, attempts) is what the completion event records.
+type CallResult struct {
+	Result
+	// Tool is the result returned to the caller, as an MCP tool result:
+	// the tool's own (an upstream's, or a built-in's text with its data as
+	// structuredContent), capped at Settings.result_max_kib; when the tool
+	// could not be run (Err set), an isError result saying why. nil when
+	// the call was not allowed.
+	Tool *mcp.CallToolResult
+	// Ran is true when at least one attempt was made.
+	Ran bool
+	// Truncated is true when the result was cut (by the tool's own limits
+	// or the result cap); the cut is marked in the text.
+	Truncated bool
+	// Resources are what a built-in tool reported the call touches.
+	Resources []toolgate.Resource
+	// AttemptLog accounts for every attempt.
+	AttemptLog []adapter.Attempt
+	// Duration is how long execution took (all attempts and backoff).
+	Duration time.Duration
+}
+
+// CallOptions adjust one Call or Execute; nil means none.
+type CallOptions struct {
+	// Forward, when set, replaces the call to the upstream of an MCP tool
+	// (the MCP proxy uses it to relay the upstream's progress and requests
+	// to its client's session). It is called once per attempt.
+	Forward func(ctx context.Context) (*mcp.CallToolResult, error)
+}
+
+// Call decides a call, runs it when allowed, and records both (DESIGN.md
+// §3, "Gate.Call"). For a built-in tool it first asks the tool what the
+// call would touch (builtin.Tool.Inspect): a refusal there
+// (path_outside_workspace, sql_not_read_only, sql_unclassifiable,
+// bad_arguments) is a deny at the resource layer, recorded like any deny,
+// and the reported resources join the decision (check 8), except for
+// workspace tools, whose check 8 is the workspace confinement Inspect
+// itself enforces (Wyrd). Inspect runs only for a call that passes every
+// layer before the resource layer, so a caller learns nothing about a tool
+// it may not invoke. Then Authorize decides and records, and an allowed
+// call runs through Execute.
+//
+// The Outcome is Authorize's (or the resource refusal's); the CallResult is
+// zero unless the call was allowed.
+func (g *Gate) Call(ctx context.Context, req Request) (Outcome, CallResult) {
+	return g.CallWith(ctx, req, nil)
+}
+
+// CallWith is Call with options.
+func (g *Gate) CallWith(ctx context.Context, req Request, opts *CallOptions) (Outcome, CallResult) {
+	snap := g.Snapshot()
+	args, err := decodeCallArgs(req.Args)
+	if err != nil {
+		return g.Authorize(ctx, req), CallResult{} // refused as malformed_call, the same way
+	}
+	pre := g.decide(snap, &toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
+		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Args: args, ToolLevel: true}, req.Identity)
+	if pre.Verdict == toolgate.Deny {
+		return g.Authorize(ctx, req), CallResult{}
+	}
+	var cr CallResult
+	if t, ok := snap.Tool(pre.ToolID); ok && t.Builtin != "" {
+		bt, ok := g.builtin(t.Builtin)
+		if !ok {
+			return g.refuse(ctx, req, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
+				fmt.Sprintf("the built-in tool %s is not available in this gateway, so what the call would touch cannot be checked (fail closed); configure it (a Database document for sql.*) or remove %s from the catalog", t.Builtin, t.ID))), cr
+		}
+		inv := builtin.Invocation{Args: req.Args, Workspace: g.workspace(snap, req.AgentID)}
+		res, err := bt.Inspect(ctx, inv)
+		if err != nil {
+			var te *toolgate.Error
+			if errors.As(err, &te) {
+				layer := te.Layer
+				if layer == toolgate.LayerNone {
+					layer = toolgate.LayerResource
+				}
+				return g.refuse(ctx, req, deny(pre, req, te.Code, layer,
+					fmt.Sprintf("%s layer: %s refused the call before it ran: %s", layer, t.Builtin, te.Message))), cr
+			}
+			return g.refuse(ctx, req, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
+				fmt.Sprintf("%s could not tell what the call would touch, so it is refused (fail closed): %v", t.Builtin, err))), cr
+		}
+		cr.Resources = res
+		if !bt.Spec().NeedsWorkspace {
+			req.Resources = append(append([]toolgate.Resource(nil), req.Resources...), res...)
+		}
+	}
+	out := g.Authorize(ctx, req)
+	if !out.Decision.Allowed() {
+		return out, cr
+	}
+	return out, g.execute(ctx, req, out, opts, cr.Resources)
+}
+
+// Execute runs a call that Authorize allowed through the adapter (the
+// tool's timeout, retries by side-effect class, the result cap) and records
+// agent.tool.completed or agent.tool.failed with the output digest,
+// returned bytes, attempts, duration, and in details each failed attempt.
+// Given an outcome that does not allow the call, it runs nothing and
+// returns ErrNotAllowed.
+func (g *Gate) Execute(ctx context.Context, req Request, out Outcome, opts *CallOptions) CallResult {
+	return g.execute(ctx, req, out, opts, nil)
+}
+
+// execute is Execute, recording resources (what a built-in tool reported)
+// with the completion.
+func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *CallOptions, resources []toolgate.Resource) CallResult {
+	cr := CallResult{Resources: resources}
+	if !out.Decision.Allowed() {
+		cr.Err = ErrNotAllowed
+		cr.Failed = true
+		return cr
+	}
+	snap := g.Snapshot()
+	t, ok := snap.Tool(out.Decision.ToolID)
+	pol := adapter.Policy{Class: out.Decision.SideEffectClass, Idempotent: t.Idempotent}
+	if t.Doc != nil {
+		pol.Timeout = t.Doc.Timeout.D()
+		pol.MaxAttempts = t.Doc.Retry.MaxAttempts
+		pol.InitialBackoff, pol.MaxBackoff = t.Doc.Retry.InitialBackoff.D(), t.Doc.Retry.MaxBackoff.D()
+	}
+	var (
+		run       func(ctx context.Context) (*mcp.CallToolResult, bool, error)
+		ex        = g.opts.Executor
+		truncated bool
+	)
+	switch {
+	case !ok:
+		cr.Err = fmt.Errorf("%w: %s left the catalog after it was allowed", ErrNotExecutable, out.Decision.ToolID)
+	case t.Builtin != "":
+		bt, found := g.builtin(t.Builtin)
+		if !found {
+			cr.Err = fmt.Errorf("%w: the built-in tool %s is not configured", ErrNotExecutable, t.Builtin)
+			break
+		}
+		inv := builtin.Invocation{Args: req.Args, Workspace: g.workspace(snap, req.AgentID)}
+		run = func(ctx context.Context) (*mcp.CallToolResult, bool, error) {
+			r, err := bt.Run(ctx, inv)
+			if err != nil {
+				if transientBuiltin(err) {
+					return nil, false, adapter.Transient(err)
+				}
+				return nil, false, err
+			}
+			return adapter.TextResult(r.Content, r.Structured, false), r.Truncated, nil
+		}
+	case t.MCPServer != "":
+		forward := func(ctx context.Context) (*mcp.CallToolResult, error) {
+			if ex == nil || ex.Upstreams == nil {
+				return nil, fmt.Errorf("%w: no upstream MCP servers are connected", ErrNotExecutable)
+			}
+			var a any
+			if len(req.Args) > 0 {
+				a = req.Args
+			}
+			return ex.Upstreams.CallTool(ctx, t.MCPServer, &mcp.CallToolParams{Name: upstreamToolName(snap, t), Arguments: a})
+		}
+		if opts != nil && opts.Forward != nil {
+			forward = opts.Forward
+		}
+		run = func(ctx context.Context) (*mcp.CallToolResult, bool, error) {
+			r, err := forward(ctx)
+			if err != nil && (errors.Is(err, upstream.ErrDown) || errors.Is(err, upstream.ErrCallTimeout)) {
+				err = adapter.Transient(err)
+			}
+			return r, false, err
+		}
+	default:
+		cr.Err = fmt.Errorf("%w: %s has no mcp_server or builtin source (its agent runtime runs it)", ErrNotExecutable, t.ID)
+	}
+
+	start := g.now()
+	var res *mcp.CallToolResult
+	if run != nil {
+		runner := adapter.New(nil)
+		if ex != nil && ex.Runner != nil {
+			runner = ex.Runner
+		}
+		cr.Ran = true
+		cr.AttemptLog, cr.Err = runner.Do(ctx, pol, func(actx context.Context) error {
+			r, cut, err := run(actx)
+			if err == nil {
+				res, truncated = r, cut
+			}
+			return err
+		})
+	}
+	cr.Duration = g.now().Sub(start)
+	if cr.Err != nil {
+		res = adapter.TextResult(failureText(req.Tool, cr.Err), nil, true)
+	}
+	maxBytes := snap.Settings().ResultMaxKiB * 1024
+	if maxBytes <= 0 {
+		maxBytes = builtin.DefaultResultMaxKiB * 1024
+	}
+	res, cut := adapter.CapResult(res, maxBytes)
+	cr.Tool, cr.Truncated = res, truncated || cut
+	if res != nil {
+		cr.Output, _ = json.Marshal(res)
+	}
+	cr.Failed = cr.Err != nil || res == nil || res.IsError
+	cr.Attempts = len(cr.AttemptLog)
+	cr.Details = completionDetails(cr)
+	g.Complete(ctx, req, out, cr.Result)
+	return cr
+}
+
+// completionDetails are what the completion event adds: failed attempts,
+// resources, truncation.
+func completionDetails(cr CallResult) map[string]any {
+	d := map[string]any{}
+	var failed []adapter.Attempt
+	for _, a := range cr.AttemptLog {
+		if a.Error != "" {
+			failed = append(failed, a)
+		}
+	}
+	if len(failed) > 0 {
+		d["failed_attempts"] = failed
+	}
+	if len(cr.Resources) > 0 {
+		d["resources"] = cr.Resources
+	}
+	if cr.Truncated {
+		d["truncated"] = true
+	}
+	var te *toolgate.Error
+	if errors.As(cr.Err, &te) {
+		d["refused"] = string(te.Code)
+	}
+	return d
+}
+
+// failureText is the isError text of a call that could not be run.
+func failureText(tool string, err error) string {
+	var te *toolgate.Error
+	switch {
+	case errors.As(err, &te):
+		return fmt.Sprintf("%s refused the call (%s): %s", tool, te.Code, te.Message)
+	case errors.Is(err, ErrNotExecutable):
+		return fmt.Sprintf("The call to %s was allowed and recorded, but %v.", tool, err)
+	case adapter.IsTransient(err):
+		return fmt.Sprintf("The call to %s was allowed and recorded, but the tool could not be reached: %v. Try again later.", tool, err)
+	}
+	return fmt.Sprintf("%s failed: %v", tool, err)
+}
+
+// transientBuiltin reports whether a built-in tool's error is a broken
+// connection worth another attempt (never a refusal or the tool's own
+// error, and never the database's statement timeout: the same query would
+// time out again).
+func transientBuiltin(err error) bool {
+	var te *toolgate.Error
+	if errors.As(err, &te) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var ne net.Error
+	var retry interface{ SafeToRetry() bool }
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.As(err, &ne) || (errors.As(err, &retry) && retry.SafeToRetry())
+}
+
+// upstreamToolName is the upstream's own name of an MCP tool: the
+// model-visible name without the upstream's tool_prefix.
+func upstreamToolName(snap *authz.Snapshot, t authz.Tool) string {
+	for _, u := range snap.Bundle().Upstreams {
+		if u.Name == t.MCPServer {
+			return strings.TrimPrefix(t.Name, u.Prefix())
+		}
+	}
+	return t.Name
+}
+
+func (g *Gate) builtin(name string) (builtin.Tool, bool) {
+	ex := g.opts.Executor
+	if ex == nil || ex.Builtins == nil {
+		return nil, false
+	}
+	return ex.Builtins.Lookup(name)
+}
+
+// workspace returns the agent's workspace as an absolute path ("" for
+// none): the bundle's value, relative to Executor.BaseDir.
+func (g *Gate) workspace(snap *authz.Snapshot, agentID string) string {
+	ws := snap.Workspace(agentID)
+	if ws == "" {
+		return ""
+	}
+	if !filepath.IsAbs(ws) {
+		base := ""
+		if g.opts.Executor != nil {
+			base = g.opts.Executor.BaseDir
+		}
+		ws = filepath.Join(base, ws)
+	}
+	if abs, err := filepath.Abs(ws); err == nil {
+		ws = abs
+	}
+	return ws
+}
+
+// decodeCallArgs decodes arguments as Authorize does; an error means
+// Authorize refuses them as malformed_call.
+func decodeCallArgs(raw json.RawMessage) (map[string]any, error) {
+	canon, err := approval.CanonicalArgs(raw)
+	if err != nil {
+		return nil, err
+	}
+	var args map[string]any
+	if err := json.Unmarshal(canon, &args); err != nil {
+		return nil, err
+	}
+	if args == nil {
+		return nil, errors.New("arguments must be a JSON object")
+	}
+	return args, nil
+}
+
+// deny is a refusal decided outside authz (by a built-in tool's Inspect),
+// carrying what the tool-level decision knew about the tool.
+func deny(pre toolgate.Decision, req Request, code toolgate.Code, layer toolgate.Layer, reason string) toolgate.Decision {
+	return toolgate.Decision{Verdict: toolgate.Deny, Code: code, Layer: layer, Reason: reason, ToolID: pre.ToolID,
+		ToolName: req.Tool, EventType: toolgate.EventUnauthorized, SideEffectClass: pre.SideEffectClass, ApprovalTier: pre.ApprovalTier}
+}
+
+// refuse records a deny decided outside authz, exactly as Authorize records
+// its denials, and returns its outcome.
+func (g *Gate) refuse(ctx context.Context, req Request, d toolgate.Decision) Outcome {
+	out := Outcome{Decision: d, CorrelationID: req.CorrelationID, Started: g.now()}
+	if out.CorrelationID == "" {
+		out.CorrelationID = audit.NewEventID()
+	}
+	if canon, err := approval.CanonicalArgs(req.Args); err == nil {
+		out.CanonicalArgs = canon
+		sum := sha256.Sum256(canon)
+		out.ArgsDigest = hex.EncodeToString(sum[:])
+		_ = json.Unmarshal(canon, &out.Args)
+	}
+	g.record(ctx, req, &out, false)
+	return out
+}
