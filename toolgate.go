@@ -227,8 +227,14 @@ type Call struct {
 	// Args are the decoded JSON arguments; nil means a tool-level decision
 	// (disclosure), in which argument conditions are not evaluated.
 	Args map[string]any
-	// Resources lists what the call touches, as the adapter reports it.
+	// Resources lists what the call touches, as the adapter reports it; the
+	// principal needs a grant on each (DESIGN.md §2 check 8).
 	Resources []Resource
+	// Observed lists what the call touches that no grant governs (a
+	// workspace tool's files, confined to the workspace instead, as Wyrd
+	// specifies); argument conditions see them in resources, the grant
+	// layer does not check them.
+	Observed []Resource
 	// Approved says an unused approval bound to exactly this call exists;
 	// the caller consumes it when the decision allows.
 	Approved bool

@@ -25,9 +25,13 @@ type fakeTime struct {
 
 func (f *fakeTime) opts(r float64) *adapter.Options {
 	return &adapter.Options{
-		Now:   func() time.Time { return f.now },
-		Sleep: func(ctx context.Context, d time.Duration) error { f.sleeps = append(f.sleeps, d); f.now = f.now.Add(d); return ctx.Err() },
-		Rand:  func() float64 { return r },
+		Now: func() time.Time { return f.now },
+		Sleep: func(ctx context.Context, d time.Duration) error {
+			f.sleeps = append(f.sleeps, d)
+			f.now = f.now.Add(d)
+			return ctx.Err()
+		},
+		Rand: func() float64 { return r },
 	}
 }
 

@@ -746,6 +746,21 @@ func ceilingList(s *Snapshot, a *agentInfo) string {
 	return "[" + strings.Join(ids, ", ") + "]"
 }
 
+// HoldsAll reports whether principal holds {resource, action, scope: all}
+// without a condition (for gateway permissions such as audit:read).
+func (s *Snapshot) HoldsAll(principal, resource, action string) bool {
+	pr := s.principals[principal]
+	if pr == nil {
+		return false
+	}
+	for _, g := range pr.resources[resource][action] {
+		if g.scope.All && len(g.conds) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // MayDecideApproval reports whether principal holds {resource: approval,
 // action: decide} with scope all or the exact tool, so it may approve or
 // deny calls of toolID (issue: approvals need approval:decide on the tool).

@@ -411,6 +411,14 @@ func (e *eval) condVars() *cond.Vars {
 		}
 		e.vars = &cond.Vars{Args: e.c.Args, Principal: pv, Agent: e.agent.vars, Tool: e.tool.vars,
 			Environment: e.c.Environment, InstanceID: e.c.InstanceID, DeploymentMode: e.mode}
+		if n := len(e.c.Resources) + len(e.c.Observed); n > 0 {
+			e.vars.Resources = make([]map[string]any, 0, n)
+			for _, list := range [2][]toolgate.Resource{e.c.Resources, e.c.Observed} {
+				for _, r := range list {
+					e.vars.Resources = append(e.vars.Resources, map[string]any{"type": r.Type, "name": r.Name, "action": resourceAction(r)})
+				}
+			}
+		}
 	}
 	return e.vars
 }

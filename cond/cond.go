@@ -11,6 +11,13 @@
 //	agent      {id, version, runtime_engine}
 //	tool       {id, name, side_effect_class}
 //	env        {environment, instance_id, deployment_mode}
+//	resources  [{type, name, action}]: what the call touches, as the
+//	           adapter reports it (a built-in tool's real files and tables)
+//
+// Functions beyond standard CEL: clean_path(string) returns the path with
+// "." and ".." elements and repeated or trailing slashes resolved
+// lexically (Go's path.Clean), so "notes/../secrets.env/" and
+// "secrets.env" compare equal; conditions on paths should use it.
 //
 // An expression must have type bool. A missing key (args.amount when the
 // call has no amount) is an evaluation error, and an evaluation error
@@ -20,9 +27,12 @@ package cond
 
 import (
 	"fmt"
+	"path"
 
 	"cel.dev/cel-go/cel"
 	"cel.dev/cel-go/common/cost"
+	"cel.dev/cel-go/common/types"
+	"cel.dev/cel-go/common/types/ref"
 	"cel.dev/cel-go/interpreter"
 )
 
@@ -53,6 +63,15 @@ func NewEnv() (*Env, error) {
 		cel.Variable("agent", dynMap),
 		cel.Variable("tool", dynMap),
 		cel.Variable("env", dynMap),
+		cel.Variable("resources", cel.ListType(dynMap)),
+		cel.Function("clean_path", cel.Overload("clean_path_string", []*cel.Type{cel.StringType}, cel.StringType,
+			cel.UnaryBinding(func(v ref.Val) ref.Val {
+				s, ok := v.(types.String)
+				if !ok {
+					return types.NewErr("clean_path: want a string")
+				}
+				return types.String(path.Clean(string(s)))
+			}))),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("cel environment: %w", err)
@@ -100,6 +119,8 @@ func (e *Env) Compile(expr string) (*Program, error) {
 // is built from the three fields only when an expression reads it.
 type Vars struct {
 	Args, Principal, Agent, Tool map[string]any
+	// Resources are the call's resources as {type, name, action} maps.
+	Resources []map[string]any
 
 	Environment, InstanceID, DeploymentMode string
 }
@@ -118,6 +139,11 @@ func (v *Vars) ResolveName(name string) (any, bool) {
 		m = v.Agent
 	case "tool":
 		m = v.Tool
+	case "resources":
+		if v.Resources == nil {
+			return []map[string]any{}, true
+		}
+		return v.Resources, true
 	case "env":
 		m = map[string]any{"environment": v.Environment, "instance_id": v.InstanceID, "deployment_mode": v.DeploymentMode}
 	default:

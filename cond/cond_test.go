@@ -126,3 +126,35 @@ func TestVarsResolveName(t *testing.T) {
 		t.Error("Parent() is not nil")
 	}
 }
+
+func TestCleanPathAndResources(t *testing.T) {
+	env, err := cond.NewEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := env.Compile(`!has(args.path) || !clean_path(args.path).endsWith(".env")`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]bool{
+		"secrets.env": false, "secrets.env/": false, "./secrets.env/.": false, "notes/../secrets.env/": false,
+		"notes/meeting.md": true, "env/notes.md": true,
+	} {
+		got, err := p.Eval(&cond.Vars{Args: map[string]any{"path": path}})
+		if err != nil || got != want {
+			t.Errorf("path %q: got %v %v, want %v", path, got, err, want)
+		}
+	}
+	r, err := env.Compile(`resources.all(x, !x.name.endsWith(".env"))`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, err := r.Eval(&cond.Vars{Resources: []map[string]any{{"type": "fs", "name": "secrets.env", "action": "read"}}})
+	if err != nil || ok {
+		t.Errorf("resources condition: got %v %v, want false", ok, err)
+	}
+	ok, err = r.Eval(&cond.Vars{})
+	if err != nil || !ok {
+		t.Errorf("no resources: got %v %v, want true", ok, err)
+	}
+}

@@ -95,6 +95,10 @@ func ApprovalEvent(a approval.Approval, by, via string, at time.Time) audit.Even
 	if via != "" {
 		details["via"] = via
 	}
+	if a.RequestedBy != "" && a.RequestedBy != a.Binding.Principal {
+		// A delegate's call: it ran as the delegator (delegation.go).
+		details["delegate"], details["delegator"] = a.RequestedBy, a.Binding.Principal
+	}
 	return audit.Event{
 		EventType: string(typ), OccurredAt: at, CorrelationID: a.CorrelationID,
 		AgentID: a.Binding.AgentID, AgentVersion: a.AgentVersion, Principal: a.Binding.Principal,

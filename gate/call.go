@@ -151,6 +151,10 @@ func (g *Gate) CallWith(ctx context.Context, req Request, opts *CallOptions) (Ou
 		cr.Resources = res
 		if !bt.Spec().NeedsWorkspace {
 			req.Resources = append(append([]toolgate.Resource(nil), req.Resources...), res...)
+		} else {
+			// Workspace confinement is this tool's resource check (Wyrd);
+			// conditions still see the files it really touches.
+			req.Observed = append(append([]toolgate.Resource(nil), req.Observed...), res...)
 		}
 	}
 	out := g.Authorize(ctx, req)

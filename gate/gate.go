@@ -153,8 +153,12 @@ type Request struct {
 	Tool string
 	// Args are the raw JSON arguments (an object; empty means {}).
 	Args json.RawMessage
-	// Resources are what the call touches, when an adapter can tell.
+	// Resources are what the call touches, when an adapter can tell; the
+	// principal needs a grant on each.
 	Resources []toolgate.Resource
+	// Observed are what the call touches that no grant governs (a
+	// workspace tool's files); conditions see them.
+	Observed []toolgate.Resource
 	// CorrelationID ties the call's events together; generated when empty.
 	CorrelationID string
 	CausationID   string
@@ -198,7 +202,7 @@ func (g *Gate) Authorize(ctx context.Context, req Request) Outcome {
 	}
 	snap := g.Snapshot()
 	call := toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
-		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Resources: req.Resources}
+		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Resources: req.Resources, Observed: req.Observed}
 
 	canon, err := approval.CanonicalArgs(req.Args)
 	if err == nil {
@@ -232,6 +236,36 @@ func (g *Gate) Authorize(ctx context.Context, req Request) Outcome {
 		}
 		return out
 	}
+	g.record(ctx, req, &out, false)
+	return out
+}
+
+// Refuse decides and records a call that the enforcement point will not
+// run because the caller was never shown this name (a hidden tool, or a
+// spelling other than the one listed). No approval is created or consumed,
+// and nothing runs. A decision that would not deny is recorded as
+// unknown_tool: the name is not one this client was shown.
+func (g *Gate) Refuse(ctx context.Context, req Request) Outcome {
+	out := Outcome{CorrelationID: req.CorrelationID, Started: g.now()}
+	if out.CorrelationID == "" {
+		out.CorrelationID = audit.NewEventID()
+	}
+	call := toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
+		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Resources: req.Resources}
+	if canon, err := approval.CanonicalArgs(req.Args); err == nil {
+		out.CanonicalArgs = canon
+		sum := sha256.Sum256(canon)
+		out.ArgsDigest = hex.EncodeToString(sum[:])
+		_ = json.Unmarshal(canon, &out.Args)
+	}
+	call.Args = out.Args
+	d := g.decide(g.Snapshot(), &call, req.Identity)
+	if d.Verdict != toolgate.Deny {
+		d = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeUnknownTool, Layer: toolgate.LayerComposition,
+			Reason: fmt.Sprintf("composition layer: %q is not a tool name this client was shown (tools/list); call a listed tool by its listed name", req.Tool),
+			ToolID: d.ToolID, ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
+	}
+	out.Decision = d
 	g.record(ctx, req, &out, false)
 	return out
 }

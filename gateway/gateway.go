@@ -175,9 +175,9 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", gw.Proxy.Handler())
 	// The JSON API also serves /healthz, /readyz and /metrics.
-	mux.Handle("/", httpapi.New(gw.Gate, &httpapi.Options{Metrics: gw.Metrics, Ready: gw.Ready, Audit: store, Logger: log,
-		Identify: gw.identifyHTTP}))
-	mux.Handle("/v1/delegations", gw.delegationsHandler()) // identity.go
+	mux.Handle("/", gw.Proxy.OriginGuard(httpapi.New(gw.Gate, &httpapi.Options{Metrics: gw.Metrics, Ready: gw.Ready, Audit: store, Logger: log,
+		Identify: gw.identifyHTTP})))
+	mux.Handle("/v1/delegations", gw.Proxy.OriginGuard(gw.delegationsHandler())) // identity.go
 	if cfg.Mount != nil {
 		cfg.Mount(mux, gw)
 	}

@@ -448,6 +448,19 @@ func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// A caller sees the approvals its own calls asked for and those it may
+	// decide (approval:decide on the tool), nothing else: pending
+	// arguments can hold secrets.
+	if id, ok := authenticated(r); ok {
+		snap := s.g.Snapshot()
+		kept := as[:0]
+		for _, a := range as {
+			if a.Binding.Principal == id.Principal || a.RequestedBy == id.Principal || snap.MayDecideApproval(id.Principal, a.Binding.ToolID) {
+				kept = append(kept, a)
+			}
+		}
+		as = kept
+	}
 	if as == nil {
 		as = []approval.Approval{}
 	}
@@ -486,6 +499,10 @@ func (s *server) decideApproval(approve bool) handler {
 func (s *server) audit(w http.ResponseWriter, r *http.Request) error {
 	if s.o.Audit == nil {
 		return apiError(http.StatusNotImplemented, "no_audit_store", "this gateway serves no audit log")
+	}
+	if id, ok := authenticated(r); ok && !s.g.Snapshot().HoldsAll(id.Principal, "audit", "read") {
+		return apiError(http.StatusForbidden, "not_auditor",
+			"principal %s may not read the audit log; grant {resource: audit, action: read, scope: all}", id.Principal)
 	}
 	from := int64(1)
 	if v := r.URL.Query().Get("from"); v != "" {

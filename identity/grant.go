@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/toolgate/toolgate/cond"
 	"github.com/toolgate/toolgate/policy"
@@ -171,8 +173,10 @@ func checkGrant(g policy.Grant, env *cond.Env) error {
 		return fmt.Errorf("resource and action are exact names (a wildcard is written scope all)")
 	case !g.Scope.All && g.Scope.Tool == "" && g.Scope.Name == "":
 		return fmt.Errorf("scope is required (all, a tool or a name)")
-	case strings.TrimSpace(g.Scope.Tool+g.Scope.Name) != g.Scope.Tool+g.Scope.Name:
-		return fmt.Errorf("scope %s has surrounding spaces", g.Scope)
+	case !printable(g.Resource) || !printable(g.Action):
+		return fmt.Errorf("resource and action must be printable UTF-8 without spaces")
+	case strings.TrimSpace(g.Scope.Tool+g.Scope.Name) != g.Scope.Tool+g.Scope.Name || !printable(g.Scope.Tool+g.Scope.Name):
+		return fmt.Errorf("scope %s must be printable UTF-8 without surrounding spaces", g.Scope)
 	}
 	if g.Scope.Tool != "" {
 		if _, err := toolid.Map(g.Scope.Tool); err != nil {
@@ -222,6 +226,20 @@ func held(b *policy.Bundle, p *policy.Principal, g policy.Grant, depth int) bool
 		return ok
 	}
 	return held(b, principalOf(b, p.DelegatedFrom), g, depth+1)
+}
+
+// printable reports whether s is valid UTF-8 of printable characters
+// without spaces.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
 }
 
 func principalOf(b *policy.Bundle, id string) *policy.Principal {

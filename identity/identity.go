@@ -141,6 +141,14 @@ func New(b *policy.Bundle, keys *Keyring, opts *Options) (*Authenticator, error)
 		s := b.Settings[0]
 		a.dlg = s.Delegations
 		for _, cfg := range s.JWTIssuers {
+			// The validator requires both; checked again because go-jose
+			// skips the iss and aud checks when nothing is expected.
+			if cfg.Issuer == "" {
+				return nil, fmt.Errorf("JWT issuer %s: issuer is required", cfg.Label())
+			}
+			if len(cfg.Audience) == 0 || slices.Contains(cfg.Audience, "") {
+				return nil, fmt.Errorf("JWT issuer %s: audience is required and may not hold an empty value", cfg.Label())
+			}
 			is := &issuer{cfg: cfg, skew: cfg.ClockSkew.D()}
 			if is.skew == 0 {
 				is.skew = policy.DefaultClockSkew

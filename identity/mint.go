@@ -11,6 +11,7 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 
+	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/cond"
 	"github.com/toolgate/toolgate/policy"
 )
@@ -134,6 +135,32 @@ func (a *Authenticator) Mint(req MintRequest) (Minted, error) {
 		return Minted{}, fmt.Errorf("sign delegation: %w", err)
 	}
 	return m, nil
+}
+
+// EventMinted is the audit event type that records a minted delegation
+// token.
+const EventMinted = "identity.delegation.minted"
+
+// Event returns the audit event that records m: who handed which grants to
+// whom, through which agent and where, until when, and via which
+// enforcement point ("http", "cli"). It never carries the token. Callers
+// make it durable before handing the token out, so no authority exists
+// that the log does not show.
+func (m Minted) Event(via string) audit.Event {
+	grants := make([]any, len(m.Grants))
+	for i, g := range m.Grants {
+		grants[i] = g.String()
+	}
+	exp := m.ExpiresAt.UTC().Format(time.RFC3339)
+	details := map[string]any{"delegation_id": m.ID, "delegator": m.Delegator, "delegate": m.Delegate,
+		"grants": grants, "expires_at": exp}
+	if via != "" {
+		details["via"] = via
+	}
+	return audit.Event{EventType: EventMinted, AgentID: m.AgentID, Principal: m.Delegator,
+		InstanceID: m.InstanceID, Environment: m.Environment, DeploymentMode: m.DeploymentMode,
+		Reason:  fmt.Sprintf("%s handed %d grants to %s (delegation %s) until %s", m.Delegator, len(m.Grants), m.Delegate, m.ID, exp),
+		Details: details}
 }
 
 func validSubject(s string) bool {

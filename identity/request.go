@@ -11,20 +11,20 @@ import (
 // DelegationRequest is the body of POST /v1/delegations. The delegator is
 // the caller's authenticated principal, never a body field.
 //
-//	{"delegate": "svc:nightly-report", "agent_id": "scheduler",
+//	{"delegate": "svc:nightly-report",
 //	 "grants": [{"resource": "tool", "action": "invoke", "scope": {"tool": "bifrost.query"}},
 //	            "bifrost_query:read:vala.datasets.tickets"],
 //	 "ttl": "1h"}
 type DelegationRequest struct {
 	// Delegate is the subject the token is for (required).
 	Delegate string `json:"delegate"`
-	// AgentID is the agent the delegate calls through; default the
-	// caller's. It must be a declared Agent.
-	AgentID string `json:"agent_id"`
-	// InstanceID, Environment and DeploymentMode may be left out (the
-	// caller's are used) or repeat the caller's: a delegation never moves
-	// to another tenant, environment or mode than its delegator's
-	// credential is bound to.
+	// AgentID, InstanceID, Environment and DeploymentMode may be left
+	// out (the caller's are used) or repeat the caller's: a delegation
+	// never moves to another agent, tenant, environment or mode than its
+	// delegator's credential is bound to (the credential's binding is part
+	// of the authority; an operator binds a token to another agent with
+	// toolgate delegate).
+	AgentID        string `json:"agent_id"`
 	InstanceID     string `json:"instance_id"`
 	Environment    string `json:"environment"`
 	DeploymentMode string `json:"deployment_mode"`
@@ -47,6 +47,7 @@ func (r DelegationRequest) MintRequest(caller gate.Identity) (MintRequest, error
 		return MintRequest{}, fmt.Errorf("%w: the caller's credential names no principal", ErrInvalid)
 	}
 	for _, f := range []struct{ name, body, want string }{
+		{"agent_id", r.AgentID, caller.AgentID},
 		{"instance_id", r.InstanceID, caller.InstanceID},
 		{"environment", r.Environment, caller.Environment},
 		{"deployment_mode", r.DeploymentMode, caller.DeploymentMode},
@@ -55,11 +56,8 @@ func (r DelegationRequest) MintRequest(caller gate.Identity) (MintRequest, error
 			return MintRequest{}, fmt.Errorf("%w: %s %q is not the caller's (%q); a delegation stays where its delegator's credential is bound", ErrInvalid, f.name, f.body, f.want)
 		}
 	}
-	m := MintRequest{Delegator: caller.Principal, Delegate: r.Delegate, AgentID: r.AgentID,
+	m := MintRequest{Delegator: caller.Principal, Delegate: r.Delegate, AgentID: caller.AgentID,
 		InstanceID: caller.InstanceID, Environment: caller.Environment, DeploymentMode: caller.DeploymentMode}
-	if m.AgentID == "" {
-		m.AgentID = caller.AgentID
-	}
 	if r.TTL != "" {
 		d, err := time.ParseDuration(r.TTL)
 		if err != nil || d <= 0 {

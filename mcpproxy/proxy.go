@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -201,7 +202,20 @@ func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *P
 	p.server.AddReceivingMiddleware(p.middleware)
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return p.server },
 		&mcp.StreamableHTTPOptions{Logger: p.log, SessionTimeout: 30 * time.Minute})
-	p.handler = p.guard(sdk)
+	// A request with a credential carries it to the SDK as TokenInfo, so a
+	// session is bound to the credential that created it: another key
+	// cannot GET its stream, DELETE it or post into it (403).
+	bound := auth.RequireBearerToken(func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
+		sum := sha256.Sum256([]byte(token))
+		return &auth.TokenInfo{UserID: "credential:" + hex.EncodeToString(sum[:12]), Expiration: time.Now().Add(24 * time.Hour)}, nil
+	}, nil)(sdk)
+	p.handler = p.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "" {
+			bound.ServeHTTP(w, r)
+			return
+		}
+		sdk.ServeHTTP(w, r)
+	}))
 	return p
 }
 
@@ -227,8 +241,8 @@ func writeRPCError(w http.ResponseWriter, status int, code int64, msg string) {
 func (p *Proxy) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ids := p.ids.Load()
-		if o := r.Header.Get("Origin"); o != "" && !ids.origins[o] && !loopbackOrigin(o) {
-			writeRPCError(w, http.StatusForbidden, jsonrpc.CodeInvalidRequest, "origin "+o+" is not allowed (DNS rebinding protection); add it to Settings.allowed_origins")
+		if msg := ids.checkOrigin(r); msg != "" {
+			writeRPCError(w, http.StatusForbidden, jsonrpc.CodeInvalidRequest, msg)
 			return
 		}
 		if _, err := ids.Identify(r.Header.Get("Authorization")); err != nil {
@@ -284,6 +298,48 @@ func checkEnvelope(body []byte) string {
 		return "the body is neither a request, a notification nor a response"
 	}
 	return ""
+}
+
+// checkOrigin refuses a browser Origin that is neither loopback nor in
+// Settings.allowed_origins, and a non-loopback Host on a loopback listener
+// (DNS rebinding protection). It returns why, or "".
+func (ids *Identities) checkOrigin(r *http.Request) string {
+	if o := r.Header.Get("Origin"); o != "" && !ids.origins[o] && !loopbackOrigin(o) {
+		return "origin " + o + " is not allowed (DNS rebinding protection); add it to Settings.allowed_origins"
+	}
+	if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		if ta, ok := la.(*net.TCPAddr); ok && ta.IP.IsLoopback() && !loopbackHost(r.Host) {
+			return "host " + r.Host + " is not allowed on a loopback listener (DNS rebinding protection)"
+		}
+	}
+	return ""
+}
+
+func loopbackHost(hostport string) bool {
+	h := hostport
+	if hh, _, err := net.SplitHostPort(hostport); err == nil {
+		h = hh
+	}
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(h, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+// OriginGuard applies the Origin and Host checks of the MCP endpoint to
+// another handler (the JSON API).
+func (p *Proxy) OriginGuard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if msg := p.ids.Load().checkOrigin(r); msg != "" {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			body, _ := json.Marshal(map[string]any{"error": map[string]any{"code": "origin_refused", "message": msg}})
+			w.Write(body)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func loopbackOrigin(o string) bool {
@@ -372,7 +428,9 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 			return p.forward(ctx, m, r)
 		}})
 	} else {
-		out = p.g.Authorize(ctx, req)
+		// Never shown under this name: decide and record only; no approval
+		// is created or used, nothing runs.
+		out = p.g.Refuse(ctx, req)
 	}
 	d := out.Decision
 	if p.opts.Observer != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -212,6 +213,8 @@ func (v *validator) identitySettings() {
 			}
 			if len(j.Audience) == 0 {
 				v.r.Errorf(pos, "%s: audience is required (the aud values this gateway accepts)", where)
+			} else if slices.Contains(j.Audience, "") {
+				v.r.Errorf(pos, "%s: audience values may not be empty", where)
 			}
 			switch {
 			case (j.JWKSFile == "") == (j.JWKSURL == ""):

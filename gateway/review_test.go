@@ -1,0 +1,126 @@
+package gateway_test
+
+// Regression tests for what a reviewer found by attacking the example
+// gateway with the weakest key.
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/toolgate/toolgate/approval"
+	"github.com/toolgate/toolgate/audit"
+)
+
+func do(t *testing.T, method, url, key string, hdr map[string]string, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	return resp.StatusCode, string(b)
+}
+
+func TestReviewFindings(t *testing.T) {
+	g, ws := exampleGateway(t)
+	dev := connect(t, g.url, devKey)
+	listNames(t, dev, 6)
+	base := strings.TrimSuffix(g.url, "/mcp")
+	ctx := context.Background()
+
+	t.Run("a cleaned path cannot dodge the .env condition", func(t *testing.T) {
+		for _, p := range []string{"secrets.env/", "./secrets.env/.", "notes/../secrets.env/", filepath.Join(ws, "secrets.env") + "/"} {
+			res, err := call(t, dev, "fs_read_text_file", map[string]any{"path": p})
+			if err != nil || !res.IsError || structured(t, res)["code"] != "condition_failed" {
+				t.Errorf("path %q: %v %v", p, err, res)
+			}
+			if strings.Contains(text(res), "TOKEN=x") {
+				t.Errorf("path %q leaked the secret", p)
+			}
+		}
+	})
+	t.Run("another spelling of a visible tool is refused with no side effects", func(t *testing.T) {
+		for _, name := range []string{"tool:fs-write-file", "fs-write-file", "fs.write.file"} {
+			_, err := call(t, dev, name, map[string]any{"path": filepath.Join(ws, "x.txt"), "content": "x"})
+			if e := rpcErr(t, err); !strings.Contains(e.Message, "unknown tool") {
+				t.Errorf("%s: %v", name, e)
+			}
+		}
+		pending, err := g.gw.Store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}})
+		if err != nil || len(pending) != 0 {
+			t.Errorf("a hidden spelling created approvals: %v %v", pending, err)
+		}
+		g.gw.Rec.Flush(ctx)
+		evs, _ := audit.ReadEvents(ctx, g.gw.Store, 1, 100000)
+		for _, e := range evs {
+			if strings.HasPrefix(e.ToolName, "tool:fs-write") || e.ToolName == "fs.write.file" || e.ToolName == "fs-write-file" {
+				if e.Verdict != "deny" || e.Code != "unknown_tool" {
+					t.Errorf("%s recorded as %s/%s", e.ToolName, e.Verdict, e.Code)
+				}
+			}
+		}
+	})
+	t.Run("a session is bound to the credential that created it", func(t *testing.T) {
+		sid := dev.ID()
+		for _, m := range []string{"GET", "DELETE"} {
+			code, _ := do(t, m, g.url, viewerKey, map[string]string{"Mcp-Session-Id": sid}, "")
+			if code != http.StatusForbidden {
+				t.Errorf("%s with another key on the session: %d, want 403", m, code)
+			}
+		}
+		code, _ := do(t, "POST", g.url, viewerKey, map[string]string{"Mcp-Session-Id": sid, "Mcp-Protocol-Version": "2025-11-25"},
+			`{"jsonrpc":"2.0","id":9,"method":"tools/list"}`)
+		if code != http.StatusForbidden {
+			t.Errorf("POST with another key on the session: %d, want 403", code)
+		}
+		if _, err := call(t, dev, "fs_list_allowed_directories", map[string]any{}); err != nil {
+			t.Errorf("the session owner lost its session: %v", err)
+		}
+	})
+	t.Run("the JSON API checks Origin and Host too", func(t *testing.T) {
+		code, _ := do(t, "POST", base+"/v1/decide", devKey, map[string]string{"Origin": "http://evil.example"}, `{"tool":"fs_list_directory","args":{"path":"."}}`)
+		if code != http.StatusForbidden {
+			t.Errorf("evil origin: %d", code)
+		}
+		code, _ = do(t, "POST", base+"/v1/decide", devKey, map[string]string{"Host": "evil.example"}, `{"tool":"fs_list_directory","args":{"path":"."}}`)
+		if code != http.StatusForbidden {
+			t.Errorf("evil host: %d", code)
+		}
+	})
+	t.Run("approvals and the audit log are not for every key", func(t *testing.T) {
+		res, _ := call(t, dev, "fs_write_file", map[string]any{"path": filepath.Join(ws, "p.txt"), "content": "secret draft"})
+		id, _ := structured(t, res)["approval_id"].(string)
+		code, body := do(t, "GET", base+"/v1/approvals", viewerKey, nil, "")
+		var list struct{ Approvals []approval.Approval }
+		json.Unmarshal([]byte(body), &list)
+		if code != 200 || len(list.Approvals) != 0 {
+			t.Errorf("viewer sees approvals: %d %s", code, body)
+		}
+		code, body = do(t, "GET", base+"/v1/approvals", devKey, nil, "")
+		if code != 200 || !strings.Contains(body, id) {
+			t.Errorf("the requester does not see its own approval: %d %s", code, body)
+		}
+		if code, _ := do(t, "GET", base+"/v1/audit?from=1", viewerKey, nil, ""); code != http.StatusForbidden {
+			t.Errorf("viewer reads the audit log: %d", code)
+		}
+	})
+}
