@@ -138,11 +138,14 @@ const (
 	EventApprovalGranted   EventType = "agent.tool.approval_granted"
 	EventApprovalDenied    EventType = "agent.tool.approval_denied"
 	EventApprovalExpired   EventType = "agent.tool.approval_expired"
-	EventCompleted         EventType = "agent.tool.completed"
-	EventFailed            EventType = "agent.tool.failed"
-	EventDefinitionChanged EventType = "mcp.tool.definition_changed"
-	EventBundleLoaded      EventType = "policy.bundle.loaded"
-	EventBundleRejected    EventType = "policy.bundle.rejected"
+	// EventApprovalDecisionRefused records an attempt to approve or deny
+	// that was refused (the requester itself, or no approval:decide grant).
+	EventApprovalDecisionRefused EventType = "agent.tool.approval_decision_refused"
+	EventCompleted               EventType = "agent.tool.completed"
+	EventFailed                  EventType = "agent.tool.failed"
+	EventDefinitionChanged       EventType = "mcp.tool.definition_changed"
+	EventBundleLoaded            EventType = "policy.bundle.loaded"
+	EventBundleRejected          EventType = "policy.bundle.rejected"
 )
 
 // SideEffectClass orders what a tool may do to the world:

@@ -746,6 +746,19 @@ func ceilingList(s *Snapshot, a *agentInfo) string {
 	return "[" + strings.Join(ids, ", ") + "]"
 }
 
+// upstreamFor returns the upstream whose provider part starts id, or "".
+func (s *Snapshot) upstreamFor(id string) string {
+	if s.bundle == nil {
+		return ""
+	}
+	for _, u := range s.bundle.Upstreams {
+		if strings.HasPrefix(id, toolid.Prefix+u.Name+"-") {
+			return u.Name
+		}
+	}
+	return ""
+}
+
 // HoldsAll reports whether principal holds {resource, action, scope: all}
 // without a condition (for gateway permissions such as audit:read).
 func (s *Snapshot) HoldsAll(principal, resource, action string) bool {

@@ -233,8 +233,12 @@ func (e *eval) checkName() *toolgate.Decision {
 		idx = alias
 	}
 	if idx < 0 {
+		hint := "declare a Tool or connect the upstream that announces it"
+		if up := e.s.upstreamFor(string(buf[:n])); up != "" {
+			hint = fmt.Sprintf("it would come from upstream %s, which has not announced it (the CLI's validate, resolve and decide contact no upstream; ask a running gateway: POST /v1/decide)", up)
+		}
 		d := e.deny(toolgate.CodeUnknownTool, toolgate.LayerComposition,
-			fmt.Sprintf("composition layer: %q (%s) is not a tool in the catalog; declare a Tool or connect the upstream that announces it", e.c.Tool, string(buf[:n])))
+			fmt.Sprintf("composition layer: %q (%s) is not a tool in the catalog; %s", e.c.Tool, string(buf[:n]), hint))
 		d.ToolID = string(buf[:n])
 		return &d
 	}

@@ -39,11 +39,22 @@ func (g *Gate) DecideApproval(ctx context.Context, id string, approve bool, by, 
 	if by == "" {
 		return a, fmt.Errorf("%w: approval %s: the deciding principal is empty", approval.ErrInvalid, id)
 	}
-	if by == a.RequestedBy || by == a.Binding.Principal {
-		return a, fmt.Errorf("approval %s: %s asked for it: %w; another principal with approval:decide must approve or deny it", id, by, ErrSelfApproval)
+	var refused error
+	switch {
+	case by == a.RequestedBy || by == a.Binding.Principal:
+		refused = fmt.Errorf("approval %s: %s asked for it: %w; another principal with approval:decide must approve or deny it", id, by, ErrSelfApproval)
+	case !g.Snapshot().MayDecideApproval(by, a.Binding.ToolID):
+		refused = fmt.Errorf("%w: %s lacks {resource: approval, action: decide} on %s; grant it with scope all or {tool: %s}", ErrNotApprover, by, a.Binding.ToolID, a.Binding.ToolID)
 	}
-	if !g.Snapshot().MayDecideApproval(by, a.Binding.ToolID) {
-		return a, fmt.Errorf("%w: %s lacks {resource: approval, action: decide} on %s; grant it with scope all or {tool: %s}", ErrNotApprover, by, a.Binding.ToolID, a.Binding.ToolID)
+	if refused != nil {
+		// A refused attempt is never silent.
+		ev := ApprovalEvent(a, "", via, g.now())
+		ev.EventType = string(toolgate.EventApprovalDecisionRefused)
+		ev.Verdict, ev.Code = toolgate.Deny.String(), "approval_decision_refused"
+		ev.Reason = refused.Error()
+		ev.Details["attempted_by"] = by
+		g.RecordEvent(ev)
+		return a, refused
 	}
 	now := g.now()
 	saved, err := store.DecideApproval(ctx, id, approve, by, reason, now)

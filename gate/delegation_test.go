@@ -190,12 +190,14 @@ func TestDelegatedApproval(t *testing.T) {
 			continue
 		}
 		if e.Details["delegator"] != "user:owner" || e.Details["delegate"] != "svc:nightly" || e.Principal != "user:owner" ||
-			(e.EventType != "agent.tool.approval_granted" && e.Details["delegation_id"] != "dlg_w") {
+			(e.EventType != "agent.tool.approval_granted" && e.EventType != "agent.tool.approval_decision_refused" && e.Details["delegation_id"] != "dlg_w") {
 			t.Errorf("event %s details %v principal %s", e.EventType, e.Details, e.Principal)
 		}
 		seen = append(seen, e.EventType)
 	}
-	if diff := cmp.Diff([]string{"agent.tool.approval_requested", "agent.tool.approval_granted", "agent.tool.authorized"}, seen); diff != "" {
+	// The delegate's and the delegator's own attempts to approve are refused, and recorded.
+	if diff := cmp.Diff([]string{"agent.tool.approval_requested", "agent.tool.approval_decision_refused", "agent.tool.approval_decision_refused",
+		"agent.tool.approval_granted", "agent.tool.authorized"}, seen); diff != "" {
 		t.Errorf("delegated call events (-want +got):\n%s", diff)
 	}
 }

@@ -319,6 +319,17 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 	return d
 }
 
+// maxNameInEvent bounds the tool name as called in an event (a 100 KB
+// name is refused anyway; the log keeps its start and length).
+const maxNameInEvent = 256
+
+func clipName(s string) string {
+	if len(s) <= maxNameInEvent {
+		return s
+	}
+	return fmt.Sprintf("%s…[%d bytes]", s[:maxNameInEvent], len(s))
+}
+
 func (g *Gate) event(req Request, out *Outcome) audit.Event {
 	d := out.Decision
 	mode := req.DeploymentMode
@@ -328,7 +339,7 @@ func (g *Gate) event(req Request, out *Outcome) audit.Event {
 	ev := audit.Event{EventType: string(d.EventType), OccurredAt: out.Started, CorrelationID: out.CorrelationID,
 		CausationID: req.CausationID, AgentID: req.AgentID, AgentVersion: g.Snapshot().AgentVersion(req.AgentID),
 		Principal: req.Principal, InstanceID: req.InstanceID, Environment: req.Environment, ToolID: d.ToolID,
-		ToolName: req.Tool, Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
+		ToolName: clipName(req.Tool), Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
 		ArgsDigest: out.ArgsDigest, ApprovalID: out.ApprovalID, DeploymentMode: mode}
 	if req.Via != "" {
 		ev.Details = map[string]any{"via": req.Via}
@@ -388,6 +399,11 @@ func (g *Gate) Complete(ctx context.Context, req Request, out Outcome, res Resul
 	ev.EventType = string(toolgate.EventCompleted)
 	if res.Failed || res.Err != nil {
 		ev.EventType = string(toolgate.EventFailed)
+		// The decision allowed it; the code says how the execution failed.
+		ev.Code = "tool_error"
+		if res.Err != nil {
+			ev.Code = "execution_error"
+		}
 	}
 	sum := sha256.Sum256(res.Output)
 	ev.OutputDigest = hex.EncodeToString(sum[:])

@@ -1,16 +1,15 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
-	"strings"
 	"sync"
 
-	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/httpapi"
 	"github.com/toolgate/toolgate/identity"
@@ -21,7 +20,7 @@ import (
 // EventDelegationMinted is the audit event written when POST
 // /v1/delegations mints a delegation token: who handed what to whom, for
 // how long (never the token itself).
-const EventDelegationMinted = "identity.delegation.minted"
+const EventDelegationMinted = identity.EventMinted
 
 // identityState is the gateway's token verification: the delegation
 // keyring in the data folder (one for the gateway's life; the key is made
@@ -55,18 +54,27 @@ func (gw *Gateway) authenticator() (*identity.Authenticator, bool) {
 	return a, ok && a != nil
 }
 
+// narrowedPaths are the JSON API routes an identity narrowed by a
+// delegation token or a JWT's roles may use: those that decide calls, where
+// the narrowing applies. The others (approvals, the audit log) check the
+// principal's own grants only and would not see the narrowing, so a
+// narrowed identity is refused there (fail closed; a route added later is
+// refused until listed here).
+var narrowedPaths = map[string]bool{"/v1/resolve": true, "/v1/decide": true, "/v1/tools/call": true}
+
 // identifyHTTP authenticates a JSON API request like the MCP proxy does.
-// An identity narrowed by a delegation token or a JWT's roles may not
-// decide approvals: the approval:decide check reads the principal's grants
-// only, so it would not see the narrowing (fail closed).
+// An identity narrowed by a delegation token or a JWT's roles may only
+// resolve, decide and call (narrowedPaths): it may not read or decide
+// approvals nor read the audit log, which its principal's own grants would
+// allow but its token does not hand on.
 func (gw *Gateway) identifyHTTP(r *http.Request) (gate.Identity, error) {
 	id, err := gw.Proxy.Identities().Identify(r.Header.Get("Authorization"))
 	if err != nil {
 		return id, err
 	}
-	if id.Delegation != nil && r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/v1/approvals/") {
+	if id.Delegation != nil && !narrowedPaths[r.URL.Path] {
 		return gate.Identity{}, &httpapi.Error{Status: http.StatusForbidden, Code: "delegated_identity",
-			Message: fmt.Sprintf("%s narrows %s's authority, and a narrowed identity cannot approve or deny calls; decide approvals with the principal's own credential", id.Delegation.ID, id.Principal)}
+			Message: fmt.Sprintf("%s narrows %s's authority to calling tools; approvals and the audit log need the principal's own credential", id.Delegation.ID, id.Principal)}
 	}
 	return id, nil
 }
@@ -75,7 +83,10 @@ func (gw *Gateway) identifyHTTP(r *http.Request) (gate.Identity, error) {
 // authenticated principal mints a delegation token (identity.
 // DelegationRequest → 201 identity.Minted). A grant the caller does not
 // hold is refused with 403 grant_not_held naming it; a caller that is
-// itself a delegate gets 403 delegated_identity; a bad body 400.
+// itself a delegate gets 403 delegated_identity; a request without a
+// credential (even with Settings.anonymous) or with a bad one 401; a bad
+// body 400. The identity.delegation.minted event is durable before the
+// token is answered; if the audit log cannot write, 503 and no token.
 func (gw *Gateway) delegationsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := gw.mintHTTP(w, r); err != nil {
@@ -93,8 +104,17 @@ func (gw *Gateway) mintHTTP(w http.ResponseWriter, r *http.Request) error {
 		return &httpapi.Error{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed",
 			Message: r.Method + " " + r.URL.Path + " is not allowed; use POST"}
 	}
-	caller, err := gw.Proxy.Identities().Identify(r.Header.Get("Authorization"))
+	cred := r.Header.Get("Authorization")
+	if cred == "" {
+		// Not the anonymous identity: a token minted without a credential
+		// would outlive Settings.anonymous being turned off.
+		w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
+		return &httpapi.Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
+			Message: "unauthenticated: minting a delegation token needs the delegator's own credential (Authorization: Bearer ...)"}
+	}
+	caller, err := gw.Proxy.Identities().Identify(cred)
 	if err != nil {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
 		return &httpapi.Error{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "unauthenticated: " + err.Error(), Err: err}
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
@@ -136,15 +156,14 @@ func (gw *Gateway) mintHTTP(w http.ResponseWriter, r *http.Request) error {
 	default:
 		return err
 	}
-	grants := make([]any, len(m.Grants))
-	for i, g := range m.Grants {
-		grants[i] = g.String()
+	// The token is handed out only once its record is durable: no
+	// authority exists that the audit log does not show.
+	if rec := gw.Gate.Recorder(); rec != nil {
+		if _, err := rec.Record(context.WithoutCancel(r.Context()), m.Event(httpapi.Via)); err != nil {
+			return &httpapi.Error{Status: http.StatusServiceUnavailable, Code: "audit_unavailable",
+				Message: fmt.Sprintf("the audit log cannot record delegation %s, so its token is withheld: %v", m.ID, err), Err: err}
+		}
 	}
-	gw.Gate.RecordEvent(audit.Event{EventType: EventDelegationMinted, AgentID: m.AgentID, Principal: m.Delegator,
-		InstanceID: m.InstanceID, Environment: m.Environment, DeploymentMode: m.DeploymentMode,
-		Reason: fmt.Sprintf("%s handed %d grants to %s until %s", m.Delegator, len(m.Grants), m.Delegate, m.ExpiresAt.Format("2006-01-02T15:04:05Z07:00")),
-		Details: map[string]any{"delegation_id": m.ID, "delegator": m.Delegator, "delegate": m.Delegate, "grants": grants,
-			"expires_at": m.ExpiresAt.Format("2006-01-02T15:04:05Z07:00"), "via": httpapi.Via}})
 	w.Header().Set("Content-Type", "application/json; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusCreated)

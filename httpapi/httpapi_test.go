@@ -608,6 +608,7 @@ func TestApprovalFlow(t *testing.T) {
 	}
 	want := []row{
 		{"agent.tool.approval_requested", first, ""},
+		{"agent.tool.approval_decision_refused", first, ""}, // bob tried to approve his own call
 		{"agent.tool.approval_granted", first, "user:carol"},
 		{"agent.tool.authorized", first, ""},
 		{"agent.tool.approval_requested", second, ""},

@@ -189,7 +189,7 @@ func TestToolsCall(t *testing.T) {
 			"agent.tool.authorized ok", "agent.tool.completed ok",
 			"agent.tool.unauthorized rbac_resource",
 			"agent.tool.unauthorized sql_not_read_only",
-			"agent.tool.authorized ok", "agent.tool.failed ok",
+			"agent.tool.authorized ok", "agent.tool.failed execution_error",
 		}
 		if diff := cmp.Diff(want, kinds); diff != "" {
 			t.Errorf("events (-want +got):\n%s", diff)

@@ -389,6 +389,7 @@ func (p *Proxy) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 				}
 				out := *lr
 				out.Tools = kept
+				out.CacheScope = "private" // the list is this credential's, not everyone's
 				return &out, nil
 			}
 			return res, nil

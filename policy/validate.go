@@ -375,7 +375,11 @@ func (v *validator) runtimePolicies() {
 				case !toolid.Valid(id):
 					v.r.Errorf(rp.Pos, "RuntimePolicy %s/%s: %s entry %q is not a tool id", rp.AgentID, mode, list.name, id)
 				case v.tools_[id] == nil && !v.opts.UpstreamProviders[provider(id)]:
-					v.r.Warnf(rp.Pos, "RuntimePolicy %s/%s: %s entry %s matches no tool (a typo?); it is outside the ceiling and can never add a tool", rp.AgentID, mode, list.name, id)
+					what := "it can never add a tool"
+					if list.name == "tool_suspensions" {
+						what = "if it is a typo, the tool you meant is NOT suspended"
+					}
+					v.r.Warnf(rp.Pos, "RuntimePolicy %s/%s: %s entry %s matches no tool (a typo?); %s", rp.AgentID, mode, list.name, id, what)
 				case !ceiling[id]:
 					v.r.Warnf(rp.Pos, "RuntimePolicy %s/%s: %s entry %s is outside the agent's ceiling: it can never add a tool", rp.AgentID, mode, list.name, id)
 				}

@@ -175,11 +175,14 @@ func TestApprovalsCommands(t *testing.T) {
 	}
 	want := []row{
 		{"agent.tool.approval_requested", first, "", "mcp"},
+		// bob's two attempts to decide his own call are refused, and recorded
+		{"agent.tool.approval_decision_refused", first, "", "cli"},
+		{"agent.tool.approval_decision_refused", first, "", "cli"},
 		{"agent.tool.approval_granted", first, "user:carol", "cli"},
 		{"agent.tool.authorized", first, "", "mcp"},
 		{"agent.tool.approval_requested", second, "", "mcp"},
 		{"agent.tool.approval_denied", second, "user:carol", "cli"},
-		{"agent.tool.approval_requested", got[5].Approval, "", "mcp"},
+		{"agent.tool.approval_requested", got[7].Approval, "", "mcp"},
 		{"agent.tool.approval_expired", old.ID, "", "cli"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -165,7 +165,7 @@ func TestCall(t *testing.T) {
 			"agent.tool.unauthorized path_outside_workspace",
 			"agent.tool.unauthorized condition_failed",
 			"agent.tool.unauthorized not_in_ceiling",
-			"agent.tool.authorized ok", "agent.tool.failed ok",
+			"agent.tool.authorized ok", "agent.tool.failed execution_error",
 			"agent.tool.approval_requested approval_required",
 		}
 		if diff := cmp.Diff(want, got); diff != "" {

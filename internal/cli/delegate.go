@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/identity"
 	"github.com/toolgate/toolgate/policy"
 )
@@ -18,8 +19,11 @@ func init() {
 // runDelegate is toolgate delegate: an operator with the data folder (and
 // so the gateway's signing key) mints a delegation token for --from,
 // handing each --grant to --to. A grant --from does not hold is refused
-// (exit 3), naming it. The token goes to stdout alone (text) or with what
-// it carries (-o json); a summary goes to stderr.
+// (exit 3), naming it. The identity.delegation.minted event is written
+// durably to the data folder's audit log (created if the folder has none
+// yet) before the token is printed; if it cannot be, no token is printed
+// (exit 1). The token goes to stdout alone (text) or with what it carries
+// (-o json); a summary goes to stderr.
 func runDelegate(ctx context.Context, args []string, io IO) int {
 	fs := newFlags("delegate", io)
 	bundle := bundleFlag(fs)
@@ -70,6 +74,9 @@ func runDelegate(ctx context.Context, args []string, io IO) int {
 	case err != nil:
 		return fail(io.Stderr, "%v", err)
 	}
+	if err := recordMinted(ctx, *data, m); err != nil {
+		return fail(io.Stderr, "delegation %s was not recorded, so its token is withheld: %v", m.ID, err)
+	}
 	if *out == "json" {
 		writeJSON(io.Stdout, m)
 	} else {
@@ -78,4 +85,22 @@ func runDelegate(ctx context.Context, args []string, io IO) int {
 	fmt.Fprintf(io.Stderr, "delegation %s: %s hands %d grants to %s through agent %s until %s\n",
 		m.ID, m.Delegator, len(m.Grants), m.Delegate, m.AgentID, m.ExpiresAt.Format(time.RFC3339))
 	return ExitOK
+}
+
+// recordMinted writes m's audit event (never its token) durably to the
+// audit log of data folder dir.
+func recordMinted(ctx context.Context, dir string, m identity.Minted) error {
+	st, err := openStore(dir, true)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	rec := audit.NewRecorder(st, nil)
+	_, err = rec.Record(ctx, m.Event("cli"))
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if cerr := rec.Close(cctx); err == nil {
+		err = cerr
+	}
+	return err
 }
