@@ -35,7 +35,9 @@ const tokenDelegationBundle = `
 func TestDelegationIntersection(t *testing.T) {
 	snap := snapshotOf(t, tokenDelegationBundle, nil)
 	tickets := []toolgate.Resource{{Type: "bifrost_query", Name: "vala.datasets.tickets"}}
-	grant := func(res, act string, sc policy.Scope) policy.Grant { return policy.Grant{Resource: res, Action: act, Scope: sc} }
+	grant := func(res, act string, sc policy.Scope) policy.Grant {
+		return policy.Grant{Resource: res, Action: act, Scope: sc}
+	}
 	all := policy.Scope{All: true}
 	cases := []struct {
 		name   string
