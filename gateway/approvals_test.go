@@ -3,10 +3,16 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolgate/toolgate/approval"
 
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/gate"
@@ -111,5 +117,78 @@ func TestApprovalExpiry(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(ws, "late.txt")); err == nil {
 		t.Fatal("an expired approval let the call run")
+	}
+}
+
+// TestApprovalWait: with Settings.approval_wait the proxy holds the call,
+// sends progress while it waits, and runs it once it is approved.
+func TestApprovalWait(t *testing.T) {
+	g, ws := exampleGatewayEdited(t, func(name, s string) string {
+		if name == "settings.yaml" {
+			return strings.Replace(s, "approval_ttl: 15m", "approval_ttl: 15m\n  approval_wait: 20s", 1)
+		}
+		return s
+	})
+	progress := make(chan string, 16)
+	c := mcp.NewClient(&mcp.Implementation{Name: "wait", Version: "1"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, r *mcp.ProgressNotificationClientRequest) {
+			select {
+			case progress <- r.Params.Message:
+			default:
+			}
+		}})
+	ctx := context.Background()
+	cs, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: g.url,
+		HTTPClient: &http.Client{Transport: bearer{key: devKey, base: http.DefaultTransport}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	listNames(t, cs, 6)
+	target := filepath.Join(ws, "held.txt")
+	type res struct {
+		r   *mcp.CallToolResult
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		params := &mcp.CallToolParams{Name: "fs_write_file", Arguments: map[string]any{"path": target, "content": "held"}}
+		params.SetProgressToken("wait-1")
+		r, err := cs.CallTool(ctx, params)
+		done <- res{r, err}
+	}()
+	// Wait for the pending approval, then approve it as user:lead.
+	var id string
+	for i := 0; i < 200 && id == ""; i++ {
+		pending, _ := g.gw.Store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}})
+		if len(pending) > 0 {
+			id = pending[0].ID
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if id == "" {
+		t.Fatal("no pending approval appeared")
+	}
+	select {
+	case msg := <-progress:
+		if !strings.Contains(msg, id) {
+			t.Errorf("progress %q does not name the approval", msg)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("no progress notification while waiting")
+	}
+	if _, err := g.gw.Gate.DecideApproval(ctx, id, true, "user:lead", "ok", "test"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		if r.err != nil || r.r.IsError {
+			t.Fatalf("held call: %v %v", r.err, r.r)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held call did not finish after approval")
+	}
+	if data, err := os.ReadFile(target); err != nil || string(data) != "held" {
+		t.Fatalf("file %q %v", data, err)
 	}
 }

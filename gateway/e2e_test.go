@@ -175,6 +175,13 @@ func rpcErr(t *testing.T, err error) *jsonrpc.Error {
 // points at a scratch workspace with notes/meeting.md and secrets.env.
 func exampleGateway(t *testing.T) (*running, string) {
 	t.Helper()
+	return exampleGatewayEdited(t, nil)
+}
+
+// exampleGatewayEdited is exampleGateway with each bundle file passed
+// through edit (file name, content) first.
+func exampleGatewayEdited(t *testing.T, edit func(name, content string) string) (*running, string) {
+	t.Helper()
 	root := testenv.RepoRoot(t)
 	ws := t.TempDir()
 	os.MkdirAll(filepath.Join(ws, "notes"), 0o755)
@@ -187,6 +194,9 @@ func exampleGateway(t *testing.T) (*running, string) {
 		data, _ := os.ReadFile(filepath.Join(src, e.Name()))
 		s := strings.ReplaceAll(string(data), "../../testdata/npm", filepath.Join(root, "testdata", "npm"))
 		s = strings.ReplaceAll(s, "- ../workspace", "- "+ws)
+		if edit != nil {
+			s = edit(e.Name(), s)
+		}
 		os.WriteFile(filepath.Join(bundle, e.Name()), []byte(s), 0o644)
 	}
 	return startGateway(t, bundle), ws

@@ -425,9 +425,19 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 	if visible {
 		// Decide, run through the adapter (timeout, retries by side-effect
 		// class, result cap) and record: gate.Call, as the HTTP API does.
-		out, cr = p.g.CallWith(ctx, req, &gate.CallOptions{Forward: func(ctx context.Context) (*mcp.CallToolResult, error) {
+		opts := &gate.CallOptions{Forward: func(ctx context.Context) (*mcp.CallToolResult, error) {
 			return p.forward(ctx, m, r)
-		}})
+		}}
+		out, cr = p.g.CallWith(ctx, req, opts)
+		if out.Decision.Verdict == toolgate.RequireApproval && out.ApprovalID != "" {
+			if wait := p.g.Snapshot().Settings().ApprovalWait.D(); wait > 0 {
+				if p.awaitApproval(ctx, r, out.ApprovalID, wait) {
+					// Approved while we held the call: the same call
+					// consumes the approval and runs, once.
+					out, cr = p.g.CallWith(ctx, req, opts)
+				}
+			}
+		}
 	} else {
 		// Never shown under this name: decide and record only; no approval
 		// is created or used, nothing runs.
@@ -471,6 +481,48 @@ const DecisionMetaKey = "io.toolgate/decision"
 // refusal is the isError result of a visible tool refused by a decision:
 // text the model can act on, the decision in _meta, and in
 // structuredContent too unless the tool declares an outputSchema.
+// awaitApproval holds a call that needs approval until the approval is
+// decided or wait passes (Settings.approval_wait), sending progress
+// notifications when the client asked for progress. It reports whether the
+// approval was granted.
+func (p *Proxy) awaitApproval(ctx context.Context, r *mcp.CallToolRequest, id string, wait time.Duration) bool {
+	store := p.g.Approvals()
+	if store == nil {
+		return false
+	}
+	token := r.Params.GetProgressToken()
+	deadline := time.Now().Add(wait)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for n := 0; ; n++ {
+		a, err := store.GetApproval(ctx, id)
+		if err != nil {
+			return false
+		}
+		switch a.Status {
+		case "approved":
+			return true
+		case "pending":
+		default:
+			return false
+		}
+		if token != nil && n%4 == 0 && r.Session != nil {
+			left := time.Until(deadline).Round(time.Second)
+			r.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token,
+				Progress: float64(wait-time.Until(deadline)) / float64(time.Second), Total: wait.Seconds(),
+				Message: fmt.Sprintf("waiting for approval %s (%s left)", id, left)})
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 func refusal(d toolgate.Decision, approvalID, msg string, typed bool) *mcp.CallToolResult {
 	if msg == "" {
 		msg = fmt.Sprintf("The call was refused by the %s layer (%s): %s", d.Layer, d.Code, d.Reason)

@@ -323,6 +323,11 @@ type Settings struct {
 	DefaultDeploymentMode string `yaml:"default_deployment_mode"`
 	// ApprovalTTL is how long an approval stays usable; default 15m.
 	ApprovalTTL Duration `yaml:"approval_ttl"`
+	// ApprovalWait, when set, makes the MCP proxy hold a call that needs
+	// approval open for up to this long, sending progress notifications,
+	// and run it as soon as it is approved; 0 (the default) answers at once
+	// with the approval id, and the client repeats the call.
+	ApprovalWait Duration `yaml:"approval_wait"`
 	// ResultMaxKiB caps every tool result; default 64.
 	ResultMaxKiB int `yaml:"result_max_kib"`
 	// Anonymous is the identity of MCP and HTTP requests that carry no
