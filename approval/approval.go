@@ -42,6 +42,13 @@ var (
 type Binding struct {
 	// Principal is the subject the call runs as.
 	Principal string `json:"principal"`
+	// Requester, when set, is the delegate that made the call under a
+	// delegation from Principal: the approval is then the delegate's
+	// alone (neither the delegator nor another delegate can use it).
+	// Empty for a call made by the principal itself, which keeps the
+	// digest of such bindings unchanged. Stores keep it as RequestedBy
+	// (and in BindingDigest), not as a binding column.
+	Requester string `json:"requester,omitempty"`
 	// AgentID is the calling agent.
 	AgentID string `json:"agent_id"`
 	// InstanceID is the business instance ("" for none).
@@ -62,6 +69,7 @@ type bindingKey struct {
 	Environment string `json:"environment"`
 	InstanceID  string `json:"instance_id"`
 	Principal   string `json:"principal"`
+	Requester   string `json:"requester,omitempty"`
 	ToolID      string `json:"tool_id"`
 }
 
@@ -76,6 +84,7 @@ func (b Binding) Digest() string {
 		Environment: b.Environment,
 		InstanceID:  b.InstanceID,
 		Principal:   b.Principal,
+		Requester:   b.Requester,
 		ToolID:      b.ToolID,
 	})
 	sum := sha256.Sum256(j)

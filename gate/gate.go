@@ -280,6 +280,9 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 	}
 	b := approval.Binding{Principal: req.Principal, AgentID: req.AgentID, InstanceID: req.InstanceID,
 		Environment: req.Environment, ToolID: d.ToolID, ArgsDigest: out.ArgsDigest}
+	if r := requestedBy(req.Identity); r != req.Principal {
+		b.Requester = r // a delegate's approval is its own
+	}
 	now := g.now()
 	if a, ok, err := store.ConsumeApproval(ctx, b.Digest(), now, out.CorrelationID); err != nil {
 		g.log.Error("consume approval", "err", err)
