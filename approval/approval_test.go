@@ -103,3 +103,17 @@ func TestUsable(t *testing.T) {
 		})
 	}
 }
+
+func TestRequesterBindsTheDelegate(t *testing.T) {
+	b := Binding{Principal: "user:owner", AgentID: "a", ToolID: "tool:x-y", ArgsDigest: "d"}
+	d := b
+	d.Requester = "svc:delegate"
+	if b.Digest() == d.Digest() {
+		t.Error("a delegate's binding has the delegator's digest: either could use the other's approval")
+	}
+	e := d
+	e.Requester = "svc:other"
+	if d.Digest() == e.Digest() {
+		t.Error("two delegates share a binding digest")
+	}
+}
