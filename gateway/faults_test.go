@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	_ "modernc.org/sqlite"
 
 	"github.com/toolgate/toolgate/audit"
@@ -264,4 +265,62 @@ var _ = bytes.NewReader
 func sha256sum(s string) []byte {
 	h := sha256.Sum256([]byte(s))
 	return h[:]
+}
+
+// TestPassThroughGating: resources and prompts of an upstream reach only
+// clients with at least one of its tools disclosed.
+func TestPassThroughGating(t *testing.T) {
+	dir := t.TempDir()
+	body := fmt.Sprintf(everythingBundle, testenv.NodePackageBin(t, "server-everything"),
+		filepath.Join(testenv.RepoRoot(t), "upstream", "testdata", "hang-server.js"), fmt.Sprintf("%x", sha256sum(evKey)))
+	body += fmt.Sprintf(`
+- kind: Agent
+  agent_id: hang-only
+  version: 1.0.0
+  runtime_engine: mcp-client
+  tool_permissions:
+    - {tool_id: tool:hang-echo, side_effect_class: read, approval_tier: auto}
+- kind: RuntimePolicy
+  agent_id: hang-only
+  deployment_mode: production
+  tool_authorization_policy: {active_tool_set: all}
+- kind: Credential
+  name: hang-only
+  api_key_sha256: %x
+  principal: user:ev
+  agent_id: hang-only
+`, sha256sum("tg-test-hang-only"))
+	if err := os.WriteFile(filepath.Join(dir, "bundle.yaml"), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := startGateway(t, dir)
+	ev := connect(t, g.url, evKey)
+	listNames(t, ev, 6)
+	other := connect(t, g.url, "tg-test-hang-only")
+	listNames(t, other, 1)
+	ctx := context.Background()
+	var evRes *mcp.ListResourcesResult
+	for i := 0; i < 100; i++ {
+		r, err := ev.ListResources(ctx, nil)
+		if err == nil && len(r.Resources) > 0 {
+			evRes = r
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if evRes == nil {
+		t.Fatal("the everything agent sees no resources")
+	}
+	if r, err := other.ListResources(ctx, nil); err != nil || len(r.Resources) != 0 {
+		t.Errorf("an agent without everything tools lists its resources: %v %v", err, r)
+	}
+	if _, err := other.ReadResource(ctx, &mcp.ReadResourceParams{URI: evRes.Resources[0].URI}); err == nil {
+		t.Error("an agent without everything tools reads its resource")
+	}
+	if _, err := ev.ReadResource(ctx, &mcp.ReadResourceParams{URI: evRes.Resources[0].URI}); err != nil {
+		t.Errorf("the everything agent cannot read its resource: %v", err)
+	}
+	if r, err := other.ListPrompts(ctx, nil); err != nil || len(r.Prompts) != 0 {
+		t.Errorf("an agent without everything tools lists its prompts: %v %v", err, r)
+	}
 }

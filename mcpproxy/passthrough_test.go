@@ -43,6 +43,10 @@ func bundleFor(upstreams string) string {
 		"test_tool_with_logging", "test_image_content", "test_input_required_result_list_roots"} {
 		fmt.Fprintf(&ceiling, "    - {tool_id: tool:ev-%s, side_effect_class: write, approval_tier: auto}\n", strings.ReplaceAll(name, "_", "-"))
 	}
+	if strings.Contains(upstreams, "name: npm") {
+		// Pass-through reaches an upstream only with one of its tools disclosed.
+		ceiling.WriteString("    - {tool_id: tool:npm-echo, side_effect_class: read, approval_tier: auto}\n")
+	}
 	var creds strings.Builder
 	for i, k := range testKeys {
 		sum := sha256.Sum256([]byte(k))

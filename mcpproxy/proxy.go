@@ -400,7 +400,22 @@ func (p *Proxy) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 			return p.call(ctx, id, r, next, method)
 		}
-		// Everything but tools passes through (passthrough.go).
+		switch req.(type) {
+		case *mcp.ListResourcesRequest, *mcp.ListResourceTemplatesRequest, *mcp.ReadResourceRequest,
+			*mcp.SubscribeRequest, *mcp.ListPromptsRequest, *mcp.GetPromptRequest, *mcp.CompleteRequest:
+			id, err := p.identify(req)
+			if err != nil {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
+			}
+			relayed := func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+				return p.relay.handle(ctx, method, req, next)
+			}
+			if res, err, handled := p.gatePassThrough(ctx, id, method, req, relayed); handled {
+				return res, err
+			}
+		}
+		// Everything but tools passes through (passthrough.go), within
+		// what the caller may reach (gating.go).
 		return p.relay.handle(ctx, method, req, next)
 	}
 }
