@@ -354,6 +354,20 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// caller is the identity a decide or call request acts as: the
+// authenticated one, or without authentication the body's, with the
+// bundle's default principal when it names none.
+func (s *server) caller(r *http.Request, body IdentityFields) (gate.Identity, error) {
+	id, err := s.identity(r, body)
+	if err != nil {
+		return id, err
+	}
+	if _, ok := authenticated(r); !ok && id.Principal == "" {
+		id.Principal = s.g.Snapshot().Settings().DefaultPrincipal
+	}
+	return id, nil
+}
+
 func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	var req DecideRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
@@ -362,12 +376,9 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	if req.Tool == "" {
 		return apiError(http.StatusBadRequest, "bad_request", "tool is required: the tool name as the model called it")
 	}
-	id, err := s.identity(r, req.Identity())
+	id, err := s.caller(r, req.Identity())
 	if err != nil {
 		return err
-	}
-	if _, ok := authenticated(r); !ok && id.Principal == "" {
-		id.Principal = s.g.Snapshot().Settings().DefaultPrincipal
 	}
 	start := time.Now()
 	// The decision and its record complete even if the client goes away,

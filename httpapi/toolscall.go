@@ -90,12 +90,9 @@ func (s *server) toolsCall(w http.ResponseWriter, r *http.Request) error {
 	if req.Tool == "" {
 		return apiError(http.StatusBadRequest, "bad_request", "tool is required: the tool name as the model called it")
 	}
-	id, err := s.identity(r, req.Identity())
+	id, err := s.caller(r, req.Identity())
 	if err != nil {
 		return err
-	}
-	if _, ok := authenticated(r); !ok && id.Principal == "" {
-		id.Principal = s.g.Snapshot().Settings().DefaultPrincipal
 	}
 	start := time.Now()
 	// The call and its records complete even if the client goes away, so

@@ -156,19 +156,7 @@ func compileCall(b *policy.Bundle, dir string, announced []authz.AnnouncedTool, 
 		*opts = *o
 	}
 	opts.Announced = append(opts.Announced, announced...)
-	snap, rep, err := authz.Compile(b, opts)
-	if err != nil {
-		if rep != nil && !rep.OK() {
-			fmt.Fprintf(stderr, "toolgate: the bundle %s is invalid (%d errors); run toolgate validate --bundle %s\n", dir, len(rep.Errors), dir)
-			for _, d := range rep.Errors {
-				fmt.Fprintf(stderr, "  error: %s\n", d)
-			}
-		} else {
-			fmt.Fprintf(stderr, "toolgate: compile %s: %v\n", dir, err)
-		}
-		return nil, false
-	}
-	return snap, true
+	return compileReporting(b, dir, opts, stderr)
 }
 
 // startUpstreams connects the upstreams the called name may belong to (by

@@ -33,7 +33,12 @@ func loadSnapshot(dir string, stderr io.Writer) (*authz.Snapshot, bool) {
 		fmt.Fprintf(stderr, "toolgate: %v\n", err)
 		return nil, false
 	}
-	snap, rep, err := authz.Compile(b, compileOptions(b))
+	return compileReporting(b, dir, compileOptions(b), stderr)
+}
+
+// compileReporting compiles b, printing its errors on failure.
+func compileReporting(b *policy.Bundle, dir string, opts *authz.Options, stderr io.Writer) (*authz.Snapshot, bool) {
+	snap, rep, err := authz.Compile(b, opts)
 	if err != nil {
 		if rep != nil && !rep.OK() {
 			fmt.Fprintf(stderr, "toolgate: the bundle %s is invalid (%d errors); run toolgate validate --bundle %s\n", dir, len(rep.Errors), dir)
