@@ -43,7 +43,7 @@ type RecorderOptions struct {
 	// EnqueueLinger is how long an enqueued event may wait for company
 	// before a write is started for it: a Record in that window takes it
 	// along in the same transaction, so a tool call's completion event
-	// does not cost the next call an extra fsync. 0 means 5 ms; negative
+	// does not cost the next call an extra fsync. 0 means 50 ms; negative
 	// means write at once.
 	EnqueueLinger time.Duration
 }
@@ -177,7 +177,7 @@ func NewRecorder(store Store, opts *RecorderOptions) *Recorder {
 		o.WriteTimeout = 30 * time.Second
 	}
 	if o.EnqueueLinger == 0 {
-		o.EnqueueLinger = 5 * time.Millisecond
+		o.EnqueueLinger = 50 * time.Millisecond
 	}
 	r := &Recorder{
 		store:      store,
