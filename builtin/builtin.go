@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 
@@ -135,6 +136,19 @@ func DecodeArgs(tool string, args json.RawMessage, v any) error {
 	if len(bytes.TrimSpace(args)) == 0 || bytes.Equal(bytes.TrimSpace(args), []byte("null")) {
 		args = json.RawMessage("{}")
 	}
+	// encoding/json matches field names case-insensitively; a condition
+	// written on args.path must not be dodged with "Path", so every key
+	// must be exactly a field's name.
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(args, &keys); err != nil {
+		return BadArguments(err, "%s: invalid arguments: %v", tool, err)
+	}
+	known := jsonFieldNames(v)
+	for k := range keys {
+		if !known[k] {
+			return BadArguments(nil, "%s: unknown argument %q (argument names are exact and case-sensitive)", tool, k)
+		}
+	}
 	dec := json.NewDecoder(bytes.NewReader(args))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -144,6 +158,30 @@ func DecodeArgs(tool string, args json.RawMessage, v any) error {
 		return BadArguments(err, "%s: invalid arguments: trailing data after the JSON object", tool)
 	}
 	return nil
+}
+
+// jsonFieldNames returns the exact JSON names of the struct v points to.
+func jsonFieldNames(v any) map[string]bool {
+	out := map[string]bool{}
+	t := reflect.TypeOf(v)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t == nil || t.Kind() != reflect.Struct {
+		return out
+	}
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = true
+	}
+	return out
 }
 
 // TruncationMarker formats the marker appended to a cut text:

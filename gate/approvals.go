@@ -63,6 +63,15 @@ func (g *Gate) DecideApproval(ctx context.Context, id string, approve bool, by, 
 		return saved, g.recordApproval(ctx, ApprovalEvent(saved, by, via, now))
 	case errors.Is(err, approval.ErrExpired) && a.Status == approval.StatusPending && saved.Status == approval.StatusExpired:
 		g.recordApproval(ctx, ApprovalEvent(saved, "", via, now))
+	case errors.Is(err, approval.ErrNotPending):
+		// Deciding an approval that is already decided or used is refused,
+		// and recorded.
+		ev := ApprovalEvent(saved, "", via, now)
+		ev.EventType = string(toolgate.EventApprovalDecisionRefused)
+		ev.Verdict, ev.Code = toolgate.Deny.String(), "approval_not_pending"
+		ev.Reason = fmt.Sprintf("approval %s is already %s; %s cannot decide it again", id, saved.Status, by)
+		ev.Details["attempted_by"] = by
+		g.RecordEvent(ev)
 	}
 	return saved, err
 }

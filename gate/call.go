@@ -116,22 +116,50 @@ func (g *Gate) Call(ctx context.Context, req Request) (Outcome, CallResult) {
 
 // CallWith is Call with options.
 func (g *Gate) CallWith(ctx context.Context, req Request, opts *CallOptions) (Outcome, CallResult) {
+	req, res, refused, done := g.inspect(ctx, req)
+	if done {
+		return refused, CallResult{Resources: res}
+	}
+	out := g.Authorize(ctx, req)
+	cr := CallResult{Resources: res}
+	if !out.Decision.Allowed() {
+		return out, cr
+	}
+	return out, g.execute(ctx, req, out, opts, cr.Resources)
+}
+
+// AuthorizeInspected decides and records a call as Call does, without
+// running it: a built-in tool is inspected first, so what the call would
+// touch is part of the decision (the JSON API's /v1/decide). An allow
+// consumes an approval exactly as Call's would.
+func (g *Gate) AuthorizeInspected(ctx context.Context, req Request) Outcome {
+	req, _, refused, done := g.inspect(ctx, req)
+	if done {
+		return refused
+	}
+	return g.Authorize(ctx, req)
+}
+
+// inspect runs a built-in tool's Inspect for a call that passes every layer
+// before the resource layer and adds what it reports to req. done is true
+// when the call is already decided (refused, and recorded).
+func (g *Gate) inspect(ctx context.Context, req Request) (Request, []toolgate.Resource, Outcome, bool) {
 	snap := g.Snapshot()
 	args, err := decodeCallArgs(req.Args)
 	if err != nil {
-		return g.Authorize(ctx, req), CallResult{} // refused as malformed_call, the same way
+		return req, nil, g.Authorize(ctx, req), true // refused as malformed_call, the same way
 	}
 	pre := g.decide(snap, &toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
 		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Args: args, ToolLevel: true}, req.Identity)
 	if pre.Verdict == toolgate.Deny {
-		return g.Authorize(ctx, req), CallResult{}
+		return req, nil, Outcome{}, false // Authorize refuses it with the full decision
 	}
 	var cr CallResult
 	if t, ok := snap.Tool(pre.ToolID); ok && t.Builtin != "" {
 		bt, ok := g.builtin(t.Builtin)
 		if !ok {
-			return g.refuse(ctx, req, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
-				fmt.Sprintf("the built-in tool %s is not available in this gateway, so what the call would touch cannot be checked (fail closed); configure it (a Database document for sql.*) or remove %s from the catalog", t.Builtin, t.ID))), cr
+			return req, nil, g.refuse(ctx, req, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
+				fmt.Sprintf("the built-in tool %s is not available in this gateway, so what the call would touch cannot be checked (fail closed); configure it (a Database document for sql.*) or remove %s from the catalog", t.Builtin, t.ID))), true
 		}
 		inv := builtin.Invocation{Args: req.Args, Workspace: g.workspace(snap, req.AgentID)}
 		res, err := bt.Inspect(ctx, inv)
@@ -142,11 +170,11 @@ func (g *Gate) CallWith(ctx context.Context, req Request, opts *CallOptions) (Ou
 				if layer == toolgate.LayerNone {
 					layer = toolgate.LayerResource
 				}
-				return g.refuse(ctx, req, deny(pre, req, te.Code, layer,
-					fmt.Sprintf("%s layer: %s refused the call before it ran: %s", layer, t.Builtin, te.Message))), cr
+				return req, nil, g.refuse(ctx, req, deny(pre, req, te.Code, layer,
+					fmt.Sprintf("%s layer: %s refused the call before it ran: %s", layer, t.Builtin, te.Message))), true
 			}
-			return g.refuse(ctx, req, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
-				fmt.Sprintf("%s could not tell what the call would touch, so it is refused (fail closed): %v", t.Builtin, err))), cr
+			return req, nil, g.refuse(ctx, req, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
+				fmt.Sprintf("%s could not tell what the call would touch, so it is refused (fail closed): %v", t.Builtin, err))), true
 		}
 		cr.Resources = res
 		if !bt.Spec().NeedsWorkspace {
@@ -157,11 +185,7 @@ func (g *Gate) CallWith(ctx context.Context, req Request, opts *CallOptions) (Ou
 			req.Observed = append(append([]toolgate.Resource(nil), req.Observed...), res...)
 		}
 	}
-	out := g.Authorize(ctx, req)
-	if !out.Decision.Allowed() {
-		return out, cr
-	}
-	return out, g.execute(ctx, req, out, opts, cr.Resources)
+	return req, cr.Resources, Outcome{}, false
 }
 
 // Execute runs a call that Authorize allowed through the adapter (the

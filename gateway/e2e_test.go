@@ -194,6 +194,7 @@ func exampleGatewayEdited(t *testing.T, edit func(name, content string) string) 
 		data, _ := os.ReadFile(filepath.Join(src, e.Name()))
 		s := strings.ReplaceAll(string(data), "../../testdata/npm", filepath.Join(root, "testdata", "npm"))
 		s = strings.ReplaceAll(s, "- ../workspace", "- "+ws)
+		s = strings.ReplaceAll(s, "workspace: ../workspace", "workspace: "+ws)
 		if edit != nil {
 			s = edit(e.Name(), s)
 		}

@@ -124,3 +124,35 @@ func TestReviewFindings(t *testing.T) {
 		}
 	})
 }
+
+// TestReviewFindingsBuiltins: the second review's findings on the built-ins.
+func TestReviewFindingsBuiltins(t *testing.T) {
+	g, _ := exampleGateway(t)
+	base := strings.TrimSuffix(g.url, "/mcp")
+	const analyst = "tg-demo-analyst"
+	t.Run("fs_search does not leak .env contents", func(t *testing.T) {
+		for _, pat := range []string{"**", "*", "secrets.en?", "**/*.env"} {
+			code, body := do(t, "POST", base+"/v1/tools/call", analyst, nil,
+				`{"tool":"fs_search","arguments":{"pattern":"`+pat+`","query":"="}}`)
+			if code == 200 || strings.Contains(body, "TOKEN=x") || !strings.Contains(body, "condition_failed") {
+				t.Errorf("pattern %q: %d %s", pat, code, body)
+			}
+		}
+	})
+	t.Run("/v1/decide inspects built-in calls", func(t *testing.T) {
+		code, body := do(t, "POST", base+"/v1/decide", analyst, nil, `{"tool":"sql_query","args":{"query":"SELECT token FROM api_tokens"}}`)
+		if code != 403 || !strings.Contains(body, "rbac_resource") || !strings.Contains(body, "api_tokens") {
+			t.Errorf("decide on a forbidden table: %d %s", code, body)
+		}
+		code, body = do(t, "POST", base+"/v1/decide", analyst, nil, `{"tool":"fs_read","args":{"path":"../../etc/passwd"}}`)
+		if code != 403 || !strings.Contains(body, "path_outside_workspace") {
+			t.Errorf("decide on a path outside: %d %s", code, body)
+		}
+	})
+	t.Run("argument names are exact", func(t *testing.T) {
+		code, body := do(t, "POST", base+"/v1/tools/call", analyst, nil, `{"tool":"fs_read","arguments":{"Path":"secrets.env"}}`)
+		if code == 200 || strings.Contains(body, "TOKEN=x") {
+			t.Errorf("Path instead of path: %d %s", code, body)
+		}
+	})
+}

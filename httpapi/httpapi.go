@@ -383,7 +383,7 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	start := time.Now()
 	// The decision and its record complete even if the client goes away,
 	// so the audit log says what was decided, not that recording failed.
-	out := s.g.Authorize(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
+	out := s.g.AuthorizeInspected(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
 		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via})
 	s.o.Metrics.Decision(Via, out.Decision, time.Since(start))
 	d := out.Decision

@@ -610,6 +610,7 @@ func TestApprovalFlow(t *testing.T) {
 		{"agent.tool.approval_requested", first, ""},
 		{"agent.tool.approval_decision_refused", first, ""}, // bob tried to approve his own call
 		{"agent.tool.approval_granted", first, "user:carol"},
+		{"agent.tool.approval_decision_refused", first, ""}, // approving it twice
 		{"agent.tool.authorized", first, ""},
 		{"agent.tool.approval_requested", second, ""},
 		{"agent.tool.approval_denied", second, "user:carol"},

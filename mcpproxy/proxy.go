@@ -448,7 +448,12 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 			if wait := p.g.Snapshot().Settings().ApprovalWait.D(); wait > 0 {
 				if p.awaitApproval(ctx, r, out.ApprovalID, wait) {
 					// Approved while we held the call: the same call
-					// consumes the approval and runs, once.
+					// consumes the approval and runs, once, but only if
+					// its credential is still good (a key removed or a
+					// token revoked while it waited must not run it).
+					if _, err := p.identify(r); err != nil {
+						return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
+					}
 					out, cr = p.g.CallWith(ctx, req, opts)
 				}
 			}

@@ -529,29 +529,34 @@ func (t *searchTool) prepare(inv builtin.Invocation) (*os.Root, string, glob, se
 	return root, base, g, a, nil
 }
 
+// Inspect reports the folder searched and every file the search would
+// read (up to MaxSearchFiles, the most Run reads), so conditions and
+// grants see each file, not only the folder.
 func (t *searchTool) Inspect(ctx context.Context, inv builtin.Invocation) ([]toolgate.Resource, error) {
-	root, base, _, _, err := t.prepare(inv)
+	root, base, g, _, err := t.prepare(inv)
 	if err != nil {
 		return nil, err
 	}
-	root.Close()
-	return fsResource(base), nil
+	defer root.Close()
+	out := fsResource(base)
+	err = t.walk(ctx, root, base, g, func(p string) (bool, error) {
+		if p == base {
+			return true, nil // a literal file: already reported
+		}
+		out = append(out, toolgate.Resource{Type: "fs", Name: p, Action: "read"})
+		return len(out) <= t.o.MaxSearchFiles, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fs.search: %w", err)
+	}
+	return out, nil
 }
 
-func (t *searchTool) Run(ctx context.Context, inv builtin.Invocation) (builtin.Result, error) {
-	root, base, g, a, err := t.prepare(inv)
-	if err != nil {
-		return builtin.Result{}, err
-	}
-	defer root.Close()
-	res := SearchResult{Pattern: a.Pattern, Query: a.Query, Matches: []SearchMatch{}}
-	query := a.Query
-	if a.IgnoreCase {
-		query = strings.ToLower(query)
-	}
-	files := 0
+// walk calls fn with each regular file under base whose path matches g,
+// never following links, until fn returns false or an error.
+func (t *searchTool) walk(ctx context.Context, root *os.Root, base string, g glob, fn func(p string) (bool, error)) error {
 	errStop := errors.New("stop")
-	walkErr := fs.WalkDir(root.FS(), base, func(p string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(root.FS(), base, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if p == base {
 				return err
@@ -577,17 +582,45 @@ func (t *searchTool) Run(ctx context.Context, inv builtin.Invocation) (builtin.R
 		if !d.Type().IsRegular() || !g.match(rel) {
 			return nil // symbolic links and special files are never followed
 		}
+		more, err := fn(p)
+		if err != nil {
+			return err
+		}
+		if !more {
+			return errStop
+		}
+		return nil
+	})
+	if errors.Is(err, errStop) {
+		return nil
+	}
+	return err
+}
+
+func (t *searchTool) Run(ctx context.Context, inv builtin.Invocation) (builtin.Result, error) {
+	root, base, g, a, err := t.prepare(inv)
+	if err != nil {
+		return builtin.Result{}, err
+	}
+	defer root.Close()
+	res := SearchResult{Pattern: a.Pattern, Query: a.Query, Matches: []SearchMatch{}}
+	query := a.Query
+	if a.IgnoreCase {
+		query = strings.ToLower(query)
+	}
+	files := 0
+	walkErr := t.walk(ctx, root, base, g, func(p string) (bool, error) {
 		files++
 		if files > t.o.MaxSearchFiles {
 			res.Truncated = true
-			return errStop
+			return false, nil
 		}
 		if a.Query == "" {
 			res.Matches = append(res.Matches, SearchMatch{Path: p})
 		} else {
 			skipped, err := t.grep(ctx, root, p, query, a.IgnoreCase, &res)
 			if err != nil {
-				return err
+				return false, err
 			}
 			if skipped {
 				res.Skipped++
@@ -595,11 +628,11 @@ func (t *searchTool) Run(ctx context.Context, inv builtin.Invocation) (builtin.R
 		}
 		if len(res.Matches) >= t.o.MaxMatches {
 			res.Truncated = true
-			return errStop
+			return false, nil
 		}
-		return nil
+		return true, nil
 	})
-	if walkErr != nil && !errors.Is(walkErr, errStop) {
+	if walkErr != nil {
 		return builtin.Result{}, fmt.Errorf("fs.search %s: %w", a.Pattern, walkErr)
 	}
 	lines := make([]string, 0, len(res.Matches)+2)

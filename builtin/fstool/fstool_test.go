@@ -132,8 +132,9 @@ func TestInspect(t *testing.T) {
 		{"read link inside reports target", ReadName, `{"path":"link_in"}`, res("docs/a.md"), "", ""},
 		{"read link up inside", ReadName, `{"path":"docs/up_in"}`, res("README.md"), "", ""},
 		{"read through linked folder inside", ReadName, `{"path":"dirlink_in/b.md"}`, res("docs/sub/b.md"), "", ""},
-		{"search all", SearchName, `{"pattern":"**/*.md"}`, res("."), "", ""},
-		{"search base", SearchName, `{"pattern":"docs/**/*.md","query":"x"}`, res("docs"), "", ""},
+		// A search reports its folder and every file it would read.
+		{"search all", SearchName, `{"pattern":"**/*.md"}`, append(res("."), append(res(".hidden/h.md"), append(res("README.md"), append(res("docs/a.md"), res("docs/sub/b.md")...)...)...)...), "", ""},
+		{"search base", SearchName, `{"pattern":"docs/**/*.md","query":"x"}`, append(res("docs"), append(res("docs/a.md"), res("docs/sub/b.md")...)...), "", ""},
 		{"search literal file", SearchName, `{"pattern":"docs/a.md"}`, res("docs/a.md"), "", ""},
 
 		{"dotdot", ReadName, `{"path":"../outside/secret.txt"}`, nil, toolgate.CodePathOutsideWorkspace, `"../outside/secret.txt"`},

@@ -73,6 +73,12 @@ func allowAll(sqlite.AuthorizerActionCode, string, string, string, string) sqlit
 	return sqlite.AuthorizerOK
 }
 
+// MaxValueBytes bounds one string or blob a SQLite query may build.
+const MaxValueBytes = 16 << 20
+
+// sqliteLimitLength is SQLITE_LIMIT_LENGTH.
+const sqliteLimitLength = 0
+
 type sqliteConnector struct {
 	d   *sqlite.Driver
 	dsn string
@@ -130,6 +136,12 @@ func (b *sqliteBackend) withConn(ctx context.Context, auth sqlite.AuthorizerFn, 
 		return err
 	}
 	defer c.Close()
+	// Bound every string and blob a query may build (zeroblob(450e6)
+	// would otherwise take gigabytes before the result cap cuts it);
+	// with at most 4 connections, a database's memory stays bounded.
+	if _, err := sqlite.Limit(c, sqliteLimitLength, MaxValueBytes); err != nil {
+		return err
+	}
 	var raw any
 	if err := c.Raw(func(dc any) error {
 		reg, ok := dc.(sqlite.AuthorizerRegisterer)

@@ -539,3 +539,39 @@ func TestAllowedFunctions(t *testing.T) {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
 }
+
+func TestSQLiteValueSizeBounded(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "big.db")
+	raw, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Exec(`CREATE TABLE t (x INTEGER)`); err != nil {
+		t.Fatal(err)
+	}
+	raw.Close()
+	ctx := context.Background()
+	db, err := Open(ctx, Config{Name: "big", Driver: DriverSQLite, Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tools, err := New([]*DB{db}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var query builtin.Tool
+	for _, tl := range tools {
+		if tl.Name() == QueryName {
+			query = tl
+		}
+	}
+	inv := builtin.Invocation{Args: json.RawMessage(`{"query":"SELECT hex(zeroblob(450000000))"}`)}
+	if _, err := query.Inspect(ctx, inv); err != nil {
+		t.Fatalf("inspect: %v", err)
+	}
+	if _, err := query.Run(ctx, inv); err == nil {
+		t.Fatal("a 900 MB value was built; want a too-big error")
+	}
+}

@@ -179,10 +179,11 @@ func TestApprovalsCommands(t *testing.T) {
 		{"agent.tool.approval_decision_refused", first, "", "cli"},
 		{"agent.tool.approval_decision_refused", first, "", "cli"},
 		{"agent.tool.approval_granted", first, "user:carol", "cli"},
+		{"agent.tool.approval_decision_refused", first, "", "cli"}, // denied after it was approved
 		{"agent.tool.authorized", first, "", "mcp"},
 		{"agent.tool.approval_requested", second, "", "mcp"},
 		{"agent.tool.approval_denied", second, "user:carol", "cli"},
-		{"agent.tool.approval_requested", got[7].Approval, "", "mcp"},
+		{"agent.tool.approval_requested", got[8].Approval, "", "mcp"},
 		{"agent.tool.approval_expired", old.ID, "", "cli"},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

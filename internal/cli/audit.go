@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/toolgate/toolgate/audit"
 )
@@ -209,8 +211,8 @@ func (p *eventPrinter) print(evs []audit.Event) {
 		if tool == "" {
 			tool = ev.ToolName
 		}
-		fmt.Fprintf(p.w, tailFormat, fmt.Sprint(ev.Seq), ev.OccurredAt.UTC().Format("2006-01-02T15:04:05.000Z"), ev.EventType,
-			dash(ev.Verdict), dash(ev.Code), dash(tool), dash(ev.Principal), oneLine(ev.Reason))
+		fmt.Fprintf(p.w, tailFormat, fmt.Sprint(ev.Seq), ev.OccurredAt.UTC().Format("2006-01-02T15:04:05.000Z"), safe(ev.EventType),
+			dash(safe(ev.Verdict)), dash(safe(ev.Code)), dash(safe(tool)), dash(safe(ev.Principal)), oneLine(safe(ev.Reason)))
 		p.rows++
 	}
 }
@@ -218,6 +220,18 @@ func (p *eventPrinter) print(evs []audit.Event) {
 func dash(s string) string {
 	if s == "" {
 		return "-"
+	}
+	return s
+}
+
+// safe escapes control characters (CR, LF, ESC, NUL...) so a tool name or
+// reason chosen by a caller cannot forge rows or drive the terminal.
+func safe(s string) string {
+	for _, r := range s {
+		if unicode.IsControl(r) || r == '\u2028' || r == '\u2029' {
+			q := strconv.Quote(s)
+			return q[1 : len(q)-1]
+		}
 	}
 	return s
 }
