@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/httpapi"
 	"github.com/toolgate/toolgate/identity"
@@ -21,6 +22,10 @@ import (
 // /v1/delegations mints a delegation token: who handed what to whom, for
 // how long (never the token itself).
 const EventDelegationMinted = identity.EventMinted
+
+// EventDelegationRefused records a refused attempt to mint a delegation
+// (wider than the caller holds, another agent, a delegate re-delegating).
+const EventDelegationRefused = "identity.delegation.refused"
 
 // identityState is the gateway's token verification: the delegation
 // keyring in the data folder (one for the gateway's life; the key is made
@@ -90,8 +95,14 @@ func (gw *Gateway) identifyHTTP(r *http.Request) (gate.Identity, error) {
 func (gw *Gateway) delegationsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := gw.mintHTTP(w, r); err != nil {
-			if e := httpapi.Classify(err); e.Status >= 500 {
+			e := httpapi.Classify(err)
+			if e.Status >= 500 {
 				gw.log.Error("mint delegation", "err", err)
+			}
+			if e.Status == http.StatusForbidden || e.Status == http.StatusBadRequest {
+				// A refused attempt to hand out authority is never silent.
+				gw.Gate.RecordEvent(audit.Event{EventType: EventDelegationRefused, Verdict: "deny", Code: e.Code,
+					Reason: e.Message, Details: map[string]any{"via": "http"}})
 			}
 			httpapi.WriteError(w, err)
 		}
