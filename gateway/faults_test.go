@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"database/sql"
@@ -260,7 +259,6 @@ func TestGatewayEverything(t *testing.T) {
 	})
 }
 
-var _ = bytes.NewReader
 
 func sha256sum(s string) []byte {
 	h := sha256.Sum256([]byte(s))
