@@ -54,6 +54,11 @@ type Store struct {
 	db   *sql.DB
 	path string
 	hub  hub
+
+	// Statements of the append hot path, prepared once (each pooled
+	// connection prepares them once too); nil when preparing failed, and
+	// then the plain queries are used.
+	selHead, updHead, insOne *sql.Stmt
 }
 
 var (
@@ -177,7 +182,23 @@ func Open(path string, opts *Options) (*Store, error) {
 		db.Close()
 		return nil, s.openError(err)
 	}
+	s.selHead, _ = db.Prepare(selectHead)
+	s.updHead, _ = db.Prepare(updateHead)
+	s.insOne, _ = db.Prepare(insertPrefix + "(?, ?, ?, ?, ?, ?)")
 	return s, nil
+}
+
+const (
+	selectHead = `SELECT seq, hash FROM audit_head WHERE id = 1`
+	updateHead = `UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1`
+)
+
+// stmt returns the prepared statement bound to tx, or nil.
+func stmt(ctx context.Context, tx *sql.Tx, st *sql.Stmt) *sql.Stmt {
+	if st == nil {
+		return nil
+	}
+	return tx.StmtContext(ctx, st)
 }
 
 func (s *Store) openError(err error) error {
@@ -215,7 +236,14 @@ func (s *Store) migrate(ctx context.Context) error {
 }
 
 // Close closes the database. Listeners return once their ctx ends.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	for _, st := range []*sql.Stmt{s.selHead, s.updHead, s.insOne} {
+		if st != nil {
+			st.Close()
+		}
+	}
+	return s.db.Close()
+}
 
 // Path returns the database file's path.
 func (s *Store) Path() string { return s.path }
@@ -232,7 +260,13 @@ func (s *Store) AppendEvents(ctx context.Context, evs []audit.Event) ([]audit.Ev
 	}
 	defer tx.Rollback()
 	var head audit.Head
-	if err := tx.QueryRowContext(ctx, `SELECT seq, hash FROM audit_head WHERE id = 1`).Scan(&head.Seq, &head.Hash); err != nil {
+	var row *sql.Row
+	if st := stmt(ctx, tx, s.selHead); st != nil {
+		row = st.QueryRowContext(ctx)
+	} else {
+		row = tx.QueryRowContext(ctx, selectHead)
+	}
+	if err := row.Scan(&head.Seq, &head.Hash); err != nil {
 		return nil, fmt.Errorf("sqlite: append: read head: %w", err)
 	}
 	out := make([]audit.Event, len(evs))
@@ -247,14 +281,26 @@ func (s *Store) AppendEvents(ctx context.Context, evs []audit.Event) ([]audit.Ev
 		out[i] = sealed
 		if len(args) == 6*insertChunk || i == len(evs)-1 {
 			// One multi-row INSERT per chunk: far cheaper than a statement per row.
-			q := insertPrefix + strings.Repeat("(?, ?, ?, ?, ?, ?), ", len(args)/6-1) + "(?, ?, ?, ?, ?, ?)"
-			if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			var err error
+			if st := stmt(ctx, tx, s.insOne); st != nil && len(args) == 6 {
+				_, err = st.ExecContext(ctx, args...)
+			} else {
+				q := insertPrefix + strings.Repeat("(?, ?, ?, ?, ?, ?), ", len(args)/6-1) + "(?, ?, ?, ?, ?, ?)"
+				_, err = tx.ExecContext(ctx, q, args...)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("sqlite: append up to seq %d: %w", sealed.Seq, err)
 			}
 			args = args[:0]
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1`, head.Seq, head.Hash); err != nil {
+	var uerr error
+	if st := stmt(ctx, tx, s.updHead); st != nil {
+		_, uerr = st.ExecContext(ctx, head.Seq, head.Hash)
+	} else {
+		_, uerr = tx.ExecContext(ctx, updateHead, head.Seq, head.Hash)
+	}
+	if err := uerr; err != nil {
 		return nil, fmt.Errorf("sqlite: append: move head: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
