@@ -259,7 +259,6 @@ func TestGatewayEverything(t *testing.T) {
 	})
 }
 
-
 func sha256sum(s string) []byte {
 	h := sha256.Sum256([]byte(s))
 	return h[:]
