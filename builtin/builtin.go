@@ -76,6 +76,10 @@ type Invocation struct {
 	// may reach; "" means the agent has no workspace. It comes from the
 	// caller's configuration, never from model output.
 	Workspace string
+	// Inspected, when set, is what Inspect reported for this call and the
+	// decision allowed: a tool that reads a set of files reads only those
+	// (a file that appeared after the decision is not read).
+	Inspected []toolgate.Resource
 }
 
 // Result is what a tool returns.

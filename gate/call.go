@@ -229,7 +229,7 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 			cr.Err = fmt.Errorf("%w: the built-in tool %s is not configured", ErrNotExecutable, t.Builtin)
 			break
 		}
-		inv := builtin.Invocation{Args: req.Args, Workspace: g.workspace(snap, req.AgentID)}
+		inv := builtin.Invocation{Args: req.Args, Workspace: g.workspace(snap, req.AgentID), Inspected: resources}
 		run = func(ctx context.Context) (*mcp.CallToolResult, bool, error) {
 			r, err := bt.Run(ctx, inv)
 			if err != nil {

@@ -608,8 +608,18 @@ func (t *searchTool) Run(ctx context.Context, inv builtin.Invocation) (builtin.R
 	if a.IgnoreCase {
 		query = strings.ToLower(query)
 	}
+	var allowed map[string]bool
+	if len(inv.Inspected) > 0 {
+		allowed = map[string]bool{}
+		for _, r := range inv.Inspected {
+			allowed[r.Name] = true
+		}
+	}
 	files := 0
 	walkErr := t.walk(ctx, root, base, g, func(p string) (bool, error) {
+		if allowed != nil && !allowed[p] {
+			return true, nil // not what the decision saw: never read
+		}
 		files++
 		if files > t.o.MaxSearchFiles {
 			res.Truncated = true

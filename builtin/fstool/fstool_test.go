@@ -455,3 +455,30 @@ func jsonString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
 }
+
+func TestSearchReadsOnlyWhatWasInspected(t *testing.T) {
+	ws := t.TempDir()
+	os.WriteFile(filepath.Join(ws, "a.md"), []byte("needle\n"), 0o644)
+	tools := New(nil)
+	var search builtin.Tool
+	for _, tl := range tools {
+		if tl.Name() == SearchName {
+			search = tl
+		}
+	}
+	inv := builtin.Invocation{Args: json.RawMessage(`{"pattern":"*","query":"needle"}`), Workspace: ws}
+	res, err := search.Inspect(context.Background(), inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A file that appears after the decision is not read.
+	os.WriteFile(filepath.Join(ws, "late.env"), []byte("needle SECRET\n"), 0o644)
+	inv.Inspected = res
+	out, err := search.Run(context.Background(), inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.Content, "SECRET") || !strings.Contains(out.Content, "a.md") {
+		t.Errorf("search read %q", out.Content)
+	}
+}
