@@ -1226,62 +1226,53 @@ func register(f func()) (err error) {
 }
 
 func (r *relay) mirrorResources(name string, list []*mcp.Resource) {
-	defs := map[string]any{}
-	byKey := map[string]*mcp.Resource{}
-	for _, res := range list {
-		if res != nil && res.URI != "" {
-			defs[res.URI], byKey[res.URI] = res, res
-		}
-	}
-	r.mu.Lock()
-	st := r.upLocked(name)
-	add, remove := r.diffLocked(name, st.resources, r.resOwner, defs, "resource")
-	r.mu.Unlock()
-	if len(remove) > 0 {
-		r.p.server.RemoveResources(remove...)
-	}
-	for _, uri := range add {
-		err := register(func() {
-			r.p.server.AddResource(byKey[uri], func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+	mirrorByKey(r, name, list, "resource", func(x *mcp.Resource) string { return x.URI },
+		func(st *upState) map[string]string { return st.resources }, r.resOwner,
+		func(keys ...string) { r.p.server.RemoveResources(keys...) },
+		func(x *mcp.Resource) {
+			r.p.server.AddResource(x, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 				return r.read(ctx, name, req)
 			})
 		})
-		if err != nil {
-			r.p.log.Warn("upstream resource refused", "upstream", name, "uri", uri, "err", err)
-			r.mu.Lock()
-			delete(st.resources, uri)
-			delete(r.resOwner, uri)
-			r.mu.Unlock()
-		}
-	}
 }
 
 func (r *relay) mirrorTemplates(name string, list []*mcp.ResourceTemplate) {
+	mirrorByKey(r, name, list, "resource template", func(x *mcp.ResourceTemplate) string { return x.URITemplate },
+		func(st *upState) map[string]string { return st.templates }, r.tmplOwner,
+		func(keys ...string) { r.p.server.RemoveResourceTemplates(keys...) },
+		func(x *mcp.ResourceTemplate) {
+			r.p.server.AddResourceTemplate(x, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+				return r.read(ctx, name, req)
+			})
+		})
+}
+
+// mirrorByKey brings the gateway's server in line with an upstream's list
+// of resources or templates: what left it is removed, what is new is added
+// (a definition the SDK refuses is logged and forgotten).
+func mirrorByKey[T any](r *relay, name string, list []*T, kind string, key func(*T) string,
+	mirrored func(*upState) map[string]string, owners map[string]string,
+	remove func(keys ...string), add func(*T)) {
 	defs := map[string]any{}
-	byKey := map[string]*mcp.ResourceTemplate{}
-	for _, t := range list {
-		if t != nil && t.URITemplate != "" {
-			defs[t.URITemplate], byKey[t.URITemplate] = t, t
+	byKey := map[string]*T{}
+	for _, x := range list {
+		if x != nil && key(x) != "" {
+			defs[key(x)], byKey[key(x)] = x, x
 		}
 	}
 	r.mu.Lock()
 	st := r.upLocked(name)
-	add, remove := r.diffLocked(name, st.templates, r.tmplOwner, defs, "resource template")
+	added, removed := r.diffLocked(name, mirrored(st), owners, defs, kind)
 	r.mu.Unlock()
-	if len(remove) > 0 {
-		r.p.server.RemoveResourceTemplates(remove...)
+	if len(removed) > 0 {
+		remove(removed...)
 	}
-	for _, tmpl := range add {
-		err := register(func() {
-			r.p.server.AddResourceTemplate(byKey[tmpl], func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-				return r.read(ctx, name, req)
-			})
-		})
-		if err != nil {
-			r.p.log.Warn("upstream resource template refused", "upstream", name, "template", tmpl, "err", err)
+	for _, k := range added {
+		if err := register(func() { add(byKey[k]) }); err != nil {
+			r.p.log.Warn("upstream "+kind+" refused", "upstream", name, "key", k, "err", err)
 			r.mu.Lock()
-			delete(st.templates, tmpl)
-			delete(r.tmplOwner, tmpl)
+			delete(mirrored(st), k)
+			delete(owners, k)
 			r.mu.Unlock()
 		}
 	}
