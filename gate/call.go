@@ -73,8 +73,13 @@ type CallResult struct {
 	// the tool's own (an upstream's, or a built-in's text with its data as
 	// structuredContent), capped at Settings.result_max_kib; when the tool
 	// could not be run (Err set), an isError result saying why. nil when
-	// the call was not allowed.
+	// the call was not allowed, and when Raw is set.
 	Tool *mcp.CallToolResult
+	// Raw is the upstream's result as the JSON it sent, passed through
+	// undecoded: set only with CallOptions.ForwardRaw, when the result is
+	// a well-formed CallToolResult within the result cap (else Tool holds
+	// it decoded, and capped).
+	Raw json.RawMessage
 	// Ran is true when at least one attempt was made.
 	Ran bool
 	// Truncated is true when the result was cut (by the tool's own limits
@@ -94,6 +99,11 @@ type CallOptions struct {
 	// (the MCP proxy uses it to relay the upstream's progress and requests
 	// to its client's session). It is called once per attempt.
 	Forward func(ctx context.Context) (*mcp.CallToolResult, error)
+	// ForwardRaw, when set and Forward is not, is Forward returning the
+	// upstream's result as JSON (the "result" member of its response): the
+	// MCP proxy's fast path, which passes a result through as bytes
+	// (CallResult.Raw) unless it must be capped or is malformed.
+	ForwardRaw func(ctx context.Context) (json.RawMessage, error)
 }
 
 // Call decides a call, runs it when allowed, and records both (DESIGN.md
@@ -219,6 +229,7 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 		run       func(ctx context.Context) (*mcp.CallToolResult, bool, error)
 		ex        = g.opts.Executor
 		truncated bool
+		raw       json.RawMessage // ForwardRaw's result
 	)
 	switch {
 	case !ok:
@@ -253,6 +264,14 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 		}
 		if opts != nil && opts.Forward != nil {
 			forward = opts.Forward
+		} else if opts != nil && opts.ForwardRaw != nil {
+			forward = func(ctx context.Context) (*mcp.CallToolResult, error) {
+				r, err := opts.ForwardRaw(ctx)
+				if err == nil {
+					raw = r
+				}
+				return nil, err
+			}
 		}
 		run = func(ctx context.Context) (*mcp.CallToolResult, bool, error) {
 			r, err := forward(ctx)
@@ -282,12 +301,25 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 		})
 	}
 	cr.Duration = g.now().Sub(start)
-	if cr.Err != nil {
-		res = adapter.TextResult(failureText(req.Tool, cr.Err), nil, true)
-	}
 	maxBytes := snap.Settings().ResultMaxKiB * 1024
 	if maxBytes <= 0 {
 		maxBytes = builtin.DefaultResultMaxKiB * 1024
+	}
+	if cr.Err == nil && raw != nil {
+		if isError, ok := passThrough(raw, maxBytes); ok {
+			cr.Raw, cr.Output, cr.Failed = raw, raw, isError
+			cr.Attempts = len(cr.AttemptLog)
+			cr.Details = completionDetails(cr)
+			g.Complete(ctx, req, out, cr.Result)
+			return cr
+		}
+		res = new(mcp.CallToolResult)
+		if err := json.Unmarshal(raw, res); err != nil {
+			res, cr.Err = nil, fmt.Errorf("upstream %s answered with a malformed result: %w", t.MCPServer, err)
+		}
+	}
+	if cr.Err != nil {
+		res = adapter.TextResult(failureText(req.Tool, cr.Err), nil, true)
 	}
 	res, cut := adapter.CapResult(res, maxBytes)
 	cr.Tool, cr.Truncated = res, truncated || cut
@@ -299,6 +331,33 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 	cr.Details = completionDetails(cr)
 	g.Complete(ctx, req, out, cr.Result)
 	return cr
+}
+
+// passThrough reports whether an upstream's raw result may go to the client
+// as it is: a CallToolResult object no larger than maxBytes whose content
+// is an array of typed blocks (the result cap then has nothing to cut, and
+// nothing needs re-encoding); isError is its isError.
+func passThrough(raw json.RawMessage, maxBytes int) (isError, ok bool) {
+	if len(raw) > maxBytes {
+		return false, false
+	}
+	var probe struct {
+		IsError *bool `json:"isError"`
+		Content []struct {
+			Type string `json:"type"`
+		} `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &probe); err != nil || probe.Content == nil {
+		return false, false
+	}
+	for _, c := range probe.Content {
+		switch c.Type {
+		case "text", "image", "audio", "resource_link", "resource":
+		default:
+			return false, false
+		}
+	}
+	return probe.IsError != nil && *probe.IsError, true
 }
 
 // completionDetails are what the completion event adds: failed attempts,

@@ -90,6 +90,13 @@ func npmUpstream(t *testing.T) string {
 // serves the proxy on 127.0.0.1. It returns the MCP URL.
 func serveProxy(t *testing.T, bundleYAML string) string {
 	t.Helper()
+	url, _ := serveProxyP(t, bundleYAML)
+	return url
+}
+
+// serveProxyP is serveProxy, also returning the Proxy.
+func serveProxyP(t *testing.T, bundleYAML string) (string, *Proxy) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "bundle.yaml"), []byte(bundleYAML), 0o600); err != nil {
 		t.Fatal(err)
@@ -147,7 +154,7 @@ func serveProxy(t *testing.T, bundleYAML string) string {
 		srv.Close()
 		ups.Close()
 	})
-	return srv.URL
+	return srv.URL, p
 }
 
 type bearer struct {
@@ -535,34 +542,60 @@ func TestPassThroughRouting(t *testing.T) {
 			t.Errorf("client b got log messages %v", b.logs)
 		}
 	})
-	t.Run("requests of two clients in flight are refused, not misrouted", func(t *testing.T) {
-		release, entered := make(chan struct{}), make(chan struct{}, 1)
-		a.mu.Lock()
-		a.block, a.sampling = release, entered
-		a.mu.Unlock()
-		done := make(chan string, 1)
-		go func() {
-			text, _ := callText(t, a.cs, &mcp.CallToolParams{Name: "test_sampling", Arguments: map[string]any{"prompt": "slow a"}})
-			done <- text
-		}()
-		<-entered // a's call is in flight, waiting in a's sampling handler
-		text, isErr := callText(t, b.cs, &mcp.CallToolParams{Name: "test_sampling", Arguments: map[string]any{"prompt": "b meanwhile"}})
-		if !isErr || !strings.Contains(text, "cannot tell which client") {
-			t.Errorf("b's result %q (isError %v), want the refusal", text, isErr)
-		}
-		close(release)
-		if text := <-done; !strings.Contains(text, "sampled for key-a") {
-			t.Errorf("a's result %q", text)
-		}
-		a.mu.Lock()
-		a.block = nil
-		a.mu.Unlock()
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if slices.Contains(b.sampled, "slow a") || slices.Contains(b.sampled, "b meanwhile") {
-			t.Errorf("client b was asked %q", b.sampled)
-		}
-	})
+	// Two clients' calls in flight on one upstream, each asking its client
+	// to sample. On the fast path (no _meta) each request comes back on its
+	// own call's stream, so each reaches its own client. On the SDK path (a
+	// progress token sends the call through the SDK client) the gateway
+	// cannot tell the two apart, so the second is refused, never misrouted.
+	for _, tc := range []struct {
+		name string
+		meta func(tok string) mcp.Meta
+		// refused: b's request is refused rather than relayed to b
+		refused bool
+	}{
+		{"fast path: requests of two clients in flight each reach their own client", func(string) mcp.Meta { return nil }, false},
+		{"SDK path: requests of two clients in flight are refused, not misrouted", func(tok string) mcp.Meta { return mcp.Meta{"progressToken": tok} }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			release, entered := make(chan struct{}), make(chan struct{}, 1)
+			a.mu.Lock()
+			a.block, a.sampling = release, entered
+			a.sampled = nil
+			a.mu.Unlock()
+			b.mu.Lock()
+			b.sampled = nil
+			b.mu.Unlock()
+			done := make(chan string, 1)
+			go func() {
+				text, _ := callText(t, a.cs, &mcp.CallToolParams{Name: "test_sampling", Arguments: map[string]any{"prompt": "slow a"}, Meta: tc.meta("pa")})
+				done <- text
+			}()
+			<-entered // a's call is in flight, waiting in a's sampling handler
+			text, isErr := callText(t, b.cs, &mcp.CallToolParams{Name: "test_sampling", Arguments: map[string]any{"prompt": "b meanwhile"}, Meta: tc.meta("pb")})
+			if tc.refused {
+				if !isErr || !strings.Contains(text, "cannot tell which client") {
+					t.Errorf("b's result %q (isError %v), want the refusal", text, isErr)
+				}
+			} else if isErr || !strings.Contains(text, "sampled for key-b") {
+				t.Errorf("b's result %q (isError %v), want b's own sampling", text, isErr)
+			}
+			close(release)
+			if text := <-done; !strings.Contains(text, "sampled for key-a") {
+				t.Errorf("a's result %q", text)
+			}
+			a.mu.Lock()
+			a.block = nil
+			if slices.Contains(a.sampled, "b meanwhile") {
+				t.Errorf("client a was asked %q", a.sampled)
+			}
+			a.mu.Unlock()
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if slices.Contains(b.sampled, "slow a") || (tc.refused && slices.Contains(b.sampled, "b meanwhile")) {
+				t.Errorf("client b was asked %q", b.sampled)
+			}
+		})
+	}
 	t.Run("resource updates reach subscribers only", func(t *testing.T) {
 		if err := a.cs.Subscribe(ctx, &mcp.SubscribeParams{URI: "test://watched-resource"}); err != nil {
 			t.Fatal(err)

@@ -57,7 +57,15 @@ type Options struct {
 	Observer Observer
 	// Version is reported to clients in serverInfo.
 	Version string
+	// SessionTimeout is how long a client session may stay idle before
+	// the gateway closes it; 0 means the default, SessionTimeout.
+	SessionTimeout time.Duration
 }
+
+// pathObserver is the optional Observer method that counts tools/call
+// requests by the path that served them ("fast" or "sdk");
+// *metrics.Metrics has it.
+type pathObserver interface{ ToolsCallPath(path string) }
 
 // Identities maps credentials to identities; it is rebuilt on reload.
 type Identities struct {
@@ -175,6 +183,25 @@ type Proxy struct {
 
 	// relay passes everything but tools through (passthrough.go).
 	relay *relay
+	// fast is the fast path's state (fastpath.go).
+	fast *fastState
+	// fastCalls and sdkCalls count tools/call requests by path.
+	fastCalls, sdkCalls atomic.Uint64
+}
+
+// CallPaths returns how many tools/call requests the fast path and the SDK
+// path have served (fastpath.go says which takes which).
+func (p *Proxy) CallPaths() (fast, sdk uint64) { return p.fastCalls.Load(), p.sdkCalls.Load() }
+
+func (p *Proxy) countPath(path string) {
+	if path == "fast" {
+		p.fastCalls.Add(1)
+	} else {
+		p.sdkCalls.Add(1)
+	}
+	if o, ok := p.opts.Observer.(pathObserver); ok {
+		o.ToolsCallPath(path)
+	}
 }
 
 // New builds the proxy. ups may be nil (no upstreams yet).
@@ -189,6 +216,7 @@ func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *P
 	}
 	p.ids.Store(ids)
 	p.relay = newRelay(p)
+	p.fast = newFastState()
 	version := p.opts.Version
 	if version == "" {
 		version = "dev"
@@ -201,7 +229,7 @@ func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *P
 	p.server = mcp.NewServer(&mcp.Implementation{Name: "toolgate", Version: version}, so)
 	p.server.AddReceivingMiddleware(p.middleware)
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return p.server },
-		&mcp.StreamableHTTPOptions{Logger: p.log, SessionTimeout: 30 * time.Minute})
+		&mcp.StreamableHTTPOptions{Logger: p.log}) // idle sessions: Proxy.begin
 	// A request with a credential carries it to the SDK as TokenInfo, so a
 	// session is bound to the credential that created it: another key
 	// cannot GET its stream, DELETE it or post into it (403).
@@ -250,6 +278,9 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 			writeRPCError(w, http.StatusUnauthorized, jsonrpc.CodeInvalidRequest, err.Error())
 			return
 		}
+		sid := r.Header.Get("Mcp-Session-Id")
+		done := p.begin(sid)
+		defer done()
 		if r.Method == http.MethodPost {
 			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
 			if err != nil {
@@ -265,8 +296,12 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, "JSON-RPC batches are refused: send each request on its own so each is decided on its own (nothing in this batch was forwarded)")
 				return
 			}
-			if msg := checkEnvelope(body); msg != "" {
+			env, msg := checkEnvelope(body)
+			if msg != "" {
 				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, msg)
+				return
+			}
+			if sid != "" && p.serveFast(w, r, sid, env) {
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
@@ -276,28 +311,23 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 	})
 }
 
-// checkEnvelope returns why body is not one JSON-RPC 2.0 message, or "".
-func checkEnvelope(body []byte) string {
-	var env struct {
-		JSONRPC string          `json:"jsonrpc"`
-		Method  *string         `json:"method"`
-		ID      json.RawMessage `json:"id"`
-		Result  json.RawMessage `json:"result"`
-		Error   json.RawMessage `json:"error"`
-	}
+// checkEnvelope parses body as one JSON-RPC 2.0 message, or returns why it
+// is not one.
+func checkEnvelope(body []byte) (*envelope, string) {
+	env := new(envelope)
 	if !json.Valid(body) {
-		return "the body is not valid JSON"
+		return nil, "the body is not valid JSON"
 	}
-	if err := json.Unmarshal(body, &env); err != nil {
-		return "the body is not a JSON-RPC object: " + err.Error()
+	if err := json.Unmarshal(body, env); err != nil {
+		return nil, "the body is not a JSON-RPC object: " + err.Error()
 	}
 	if env.JSONRPC != "2.0" {
-		return `the body is not JSON-RPC 2.0 (want "jsonrpc": "2.0")`
+		return nil, `the body is not JSON-RPC 2.0 (want "jsonrpc": "2.0")`
 	}
 	if env.Method == nil && (len(env.ID) == 0 || (env.Result == nil && env.Error == nil)) {
-		return "the body is neither a request, a notification nor a response"
+		return nil, "the body is neither a request, a notification nor a response"
 	}
-	return ""
+	return env, ""
 }
 
 // checkOrigin refuses a browser Origin that is neither loopback nor in
@@ -369,6 +399,7 @@ func unknownTool(name string) error {
 
 func (p *Proxy) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		p.remember(req, method)
 		switch r := req.(type) {
 		case *mcp.ListToolsRequest:
 			id, err := p.identify(req)
@@ -428,11 +459,46 @@ func (p *Proxy) lookup(name string) (mirror, bool) {
 }
 
 func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolRequest, next mcp.MethodHandler, method string) (mcp.Result, error) {
-	name := r.Params.Name
+	p.countPath("sdk")
+	forward := func(m mirror) *gate.CallOptions {
+		return &gate.CallOptions{Forward: func(ctx context.Context) (*mcp.CallToolResult, error) { return p.forward(ctx, m, r) }}
+	}
+	hold := func(ctx context.Context, approvalID string, wait time.Duration) (bool, error) {
+		if !p.awaitApproval(ctx, r, approvalID, wait) {
+			return false, nil
+		}
+		// Approved while we held the call: the same call consumes the
+		// approval and runs, once, but only if its credential is still
+		// good (a key removed or a token revoked while it waited must not
+		// run it).
+		if _, err := p.identify(r); err != nil {
+			return false, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
+		}
+		return true, nil
+	}
+	res, _, err := p.callTool(ctx, id, r.Params.Name, r.Params.Arguments, forward, hold)
+	if err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// callTool decides a tools/call of the tool the model calls name, runs it
+// through gate.CallWith when allowed (forward gives the options that reach
+// the upstream of an MCP tool), and returns what the client gets: the
+// tool's result (decoded, or as the upstream's JSON when it was passed
+// through: raw), an isError refusal with the decision in _meta, or the
+// unknown-tool JSON-RPC error for a tool the caller cannot see. hold, when
+// set, may hold a call that needs approval (Settings.approval_wait) and
+// reports whether it was approved meanwhile. The SDK path (call) and the
+// fast path (fastpath.go) both come here, so they answer and record alike.
+func (p *Proxy) callTool(ctx context.Context, id gate.Identity, name string, args json.RawMessage,
+	forward func(m mirror) *gate.CallOptions,
+	hold func(ctx context.Context, approvalID string, wait time.Duration) (bool, error)) (res *mcp.CallToolResult, raw json.RawMessage, err error) {
 	start := time.Now()
 	m, mirrored := p.lookup(name)
 	visible := mirrored && p.g.Disclose(id).Disclosed[m.id]
-	req := gate.Request{Identity: id, Tool: name, Args: r.Params.Arguments, Via: "mcp"}
+	req := gate.Request{Identity: id, Tool: name, Args: args, Via: "mcp"}
 	var (
 		out gate.Outcome
 		cr  gate.CallResult
@@ -440,20 +506,15 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 	if visible {
 		// Decide, run through the adapter (timeout, retries by side-effect
 		// class, result cap) and record: gate.Call, as the HTTP API does.
-		opts := &gate.CallOptions{Forward: func(ctx context.Context) (*mcp.CallToolResult, error) {
-			return p.forward(ctx, m, r)
-		}}
+		opts := forward(m)
 		out, cr = p.g.CallWith(ctx, req, opts)
-		if out.Decision.Verdict == toolgate.RequireApproval && out.ApprovalID != "" {
+		if out.Decision.Verdict == toolgate.RequireApproval && out.ApprovalID != "" && hold != nil {
 			if wait := p.g.Snapshot().Settings().ApprovalWait.D(); wait > 0 {
-				if p.awaitApproval(ctx, r, out.ApprovalID, wait) {
-					// Approved while we held the call: the same call
-					// consumes the approval and runs, once, but only if
-					// its credential is still good (a key removed or a
-					// token revoked while it waited must not run it).
-					if _, err := p.identify(r); err != nil {
-						return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
-					}
+				approved, err := hold(ctx, out.ApprovalID, wait)
+				if err != nil {
+					return nil, nil, err
+				}
+				if approved {
 					out, cr = p.g.CallWith(ctx, req, opts)
 				}
 			}
@@ -469,29 +530,29 @@ func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolReque
 	}
 	if !visible {
 		// Hidden and unknown tools look the same to the caller.
-		return nil, unknownTool(name)
+		return nil, nil, unknownTool(name)
 	}
 	switch d.Verdict {
 	case toolgate.Deny:
-		return refusal(d, out.ApprovalID, "", m.typed), nil
+		return refusal(d, out.ApprovalID, "", m.typed), nil, nil
 	case toolgate.RequireApproval:
 		msg := fmt.Sprintf("This call needs approval before it can run: %s", d.Reason)
 		if out.ApprovalID != "" {
 			msg = fmt.Sprintf("Approval %s is required before %s can run (%s). An approver with approval:decide approves it (toolgate approvals approve %s --as PRINCIPAL, or POST /v1/approvals/%s/approve); then repeat exactly the same call and it runs once.",
 				out.ApprovalID, name, d.Reason, out.ApprovalID, out.ApprovalID)
 		}
-		return refusal(d, out.ApprovalID, msg, m.typed), nil
+		return refusal(d, out.ApprovalID, msg, m.typed), nil, nil
 	}
 	if err := cr.Err; err != nil && m.builtin == "" {
 		var rpcErr *jsonrpc.Error
 		if errors.As(err, &rpcErr) {
-			return nil, rpcErr
+			return nil, nil, rpcErr
 		}
 		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{
 			Text: fmt.Sprintf("The tool %s could not be run: upstream %s failed: %v. The call was authorized and recorded; try again later.", name, m.upstream, err)}},
-			Meta: mcp.Meta{DecisionMetaKey: map[string]any{"code": "upstream_unavailable", "layer": "adapter", "upstream": m.upstream}}}, nil
+			Meta: mcp.Meta{DecisionMetaKey: map[string]any{"code": "upstream_unavailable", "layer": "adapter", "upstream": m.upstream}}}, nil, nil
 	}
-	return cr.Tool, nil
+	return cr.Tool, cr.Raw, nil
 }
 
 // DecisionMetaKey is the _meta key under which a refused call's result

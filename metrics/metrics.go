@@ -33,6 +33,9 @@ const (
 	AuditEventsTotal     = "toolgate_audit_events_total"
 	BundleGeneration     = "toolgate_bundle_generation"
 	BundleReloadsTotal   = "toolgate_bundle_reloads_total"
+	// ToolsCallPathTotal counts MCP tools/call requests by the path that
+	// served them: fast (the gateway's own JSON-RPC handling) or sdk.
+	ToolsCallPathTotal = "toolgate_mcp_tools_call_path_total"
 )
 
 // Upstream call outcomes for UpstreamCall: the call returned a result
@@ -82,6 +85,7 @@ type Metrics struct {
 	auditEvents      *prometheus.CounterVec
 	bundleGeneration prometheus.Gauge
 	bundleReloads    *prometheus.CounterVec
+	callPath         *prometheus.CounterVec
 }
 
 // New returns a Metrics with every collector registered on a new registry.
@@ -123,9 +127,13 @@ func New(opts *Options) *Metrics {
 			Name: BundleReloadsTotal,
 			Help: "Policy bundle reloads, by result (loaded, rejected: the bundle failed validation and the last good one stays).",
 		}, []string{"result"}),
+		callPath: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: ToolsCallPathTotal,
+			Help: "MCP tools/call requests by the path that served them: fast (parsed once, bytes forwarded to a Streamable HTTP upstream or a built-in) or sdk (the MCP SDK's server and client: progress tokens, stdio upstreams, approval_wait).",
+		}, []string{"path"}),
 	}
 	m.reg.MustRegister(m.decisions, m.decisionDuration, m.upstreamDuration, m.upstreamUp,
-		m.auditEvents, m.bundleGeneration, m.bundleReloads)
+		m.auditEvents, m.bundleGeneration, m.bundleReloads, m.callPath)
 	// Both results exist from the start, so a rate() over rejections is 0,
 	// not absent, until the first one.
 	m.bundleReloads.WithLabelValues(reloadResultLoaded)
@@ -179,6 +187,11 @@ func (m *Metrics) UpstreamCall(upstream, outcome string, took time.Duration) {
 		return
 	}
 	m.upstreamDuration.WithLabelValues(upstream, outcome).Observe(took.Seconds())
+}
+
+// ToolsCallPath counts one MCP tools/call served by path ("fast" or "sdk").
+func (m *Metrics) ToolsCallPath(path string) {
+	m.callPath.WithLabelValues(path).Inc()
 }
 
 // SetUpstreamUp sets whether upstream is connected (1) or not (0).

@@ -34,6 +34,11 @@ type conn struct {
 	probe chan struct{}
 	// waitErr is cs.Wait's result; read only after done is closed.
 	waitErr error
+	// httpClient and endpoint are a streamable-http session's own client
+	// (with the upstream's headers) and URL, for direct calls (direct.go);
+	// nil and "" for stdio.
+	httpClient *http.Client
+	endpoint   string
 
 	closeOnce sync.Once
 }
@@ -76,6 +81,7 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 	var (
 		t   mcp.Transport
 		cmd *exec.Cmd
+		hc  *http.Client
 	)
 	switch u.cfg.Transport {
 	case TransportStdio:
@@ -101,10 +107,8 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 			headers.Set(k, v)
 		}
 		base := http.DefaultTransport.(*http.Transport).Clone()
-		t = &mcp.StreamableClientTransport{
-			Endpoint:   u.cfg.URL,
-			HTTPClient: &http.Client{Transport: &headerTransport{base: base, headers: headers}},
-		}
+		hc = &http.Client{Transport: &headerTransport{base: base, headers: headers}}
+		t = &mcp.StreamableClientTransport{Endpoint: u.cfg.URL, HTTPClient: hc}
 	default:
 		return nil, fmt.Errorf("transport %q not supported", u.cfg.Transport)
 	}
@@ -116,7 +120,10 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 		}
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	c := &conn{cs: cs, done: make(chan struct{}), probe: make(chan struct{}, 1)}
+	c := &conn{cs: cs, done: make(chan struct{}), probe: make(chan struct{}, 1), httpClient: hc}
+	if hc != nil {
+		c.endpoint = u.cfg.URL
+	}
 	if cmd != nil {
 		c.pid = cmd.Process.Pid
 	}

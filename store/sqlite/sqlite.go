@@ -279,8 +279,18 @@ func (s *Store) AppendEvents(ctx context.Context, evs []audit.Event) ([]audit.Ev
 		args = append(args, sealed.Seq, sealed.EventID, sealed.EventType, sealed.OccurredAt.UnixNano(), sealed.CorrelationID, string(body))
 		head = audit.Head{Seq: sealed.Seq, Hash: sealed.Hash}
 		out[i] = sealed
+		// A small batch (the usual group commit: an allow and the previous
+		// call's completion) runs the prepared one-row INSERT per event; a
+		// large one a multi-row INSERT per chunk, far cheaper than a
+		// statement per row once parsing is amortised.
+		if st := stmt(ctx, tx, s.insOne); st != nil && len(evs) <= smallBatch {
+			if _, err := st.ExecContext(ctx, args...); err != nil {
+				return nil, fmt.Errorf("sqlite: append seq %d: %w", sealed.Seq, err)
+			}
+			args = args[:0]
+			continue
+		}
 		if len(args) == 6*insertChunk || i == len(evs)-1 {
-			// One multi-row INSERT per chunk: far cheaper than a statement per row.
 			var err error
 			if st := stmt(ctx, tx, s.insOne); st != nil && len(args) == 6 {
 				_, err = st.ExecContext(ctx, args...)
@@ -311,6 +321,10 @@ func (s *Store) AppendEvents(ctx context.Context, evs []audit.Event) ([]audit.Ev
 
 // insertChunk is how many rows one INSERT statement of AppendEvents writes.
 const insertChunk = 128
+
+// smallBatch is the largest batch AppendEvents inserts row by row with the
+// prepared statement.
+const smallBatch = 8
 
 const insertPrefix = `INSERT INTO audit_events (seq, event_id, event_type, occurred_at, correlation_id, body) VALUES `
 
