@@ -10,20 +10,29 @@ package gateway_test
 // audit record with group commit in SQLite, forwarding, completion record);
 // "gateway_sync_normal" is the same with --audit-sync normal (no fsync per
 // commit), which shows what the fsync costs on this disk.
+// The "process" variants run the gateway as its own process (toolgate serve,
+// built from this tree), as it is deployed: the in-process variants share
+// one garbage collector with the benchmark's client and upstream, whose
+// allocations (about 400 KB per call, the SDK's JSON decoding) then slow the
+// gateway too.
 // The Parallel variants keep 8 calls in flight for throughput; every loop is
 // bounded by b.N and talks only to 127.0.0.1.
 
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolgate/toolgate/internal/testenv"
 )
 
 type echoIn struct {
@@ -100,6 +109,7 @@ func waitTool(b *testing.B, cs *mcp.ClientSession, name string) {
 }
 
 func BenchmarkToolsCall(b *testing.B) {
+	b.Run("processes", benchProcesses)
 	up := echoServer(b)
 	dir := b.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "bundle.yaml"), []byte(fmt.Sprintf(benchGatewayBundle, up)), 0o644); err != nil {
@@ -133,4 +143,113 @@ func BenchmarkToolsCall(b *testing.B) {
 			})
 		})
 	}
+}
+
+// benchProcesses is BenchmarkToolsCall with every party in its own process,
+// as deployed: the upstream is the Go SDK's conformance server (its
+// test_simple_text tool, stateful Streamable HTTP with SSE responses), the
+// gateway is `toolgate serve` built from this tree, the client is this
+// process.
+func benchProcesses(b *testing.B) {
+	ev := testenv.StartEverythingServer(b, "")
+	targets := []struct{ name, url, tool string }{
+		{"direct", ev.URL, "test_simple_text"},
+		{"reverse_proxy", startReverseProxy(b, ev.URL), "test_simple_text"},
+		{"gateway", startGatewayProcess(b, ev.URL, "full"), "ev_test_simple_text"},
+		{"gateway_sync_normal", startGatewayProcess(b, ev.URL, "normal"), "ev_test_simple_text"},
+	}
+	for _, tg := range targets {
+		cs := benchSession(b, tg.url)
+		waitTool(b, cs, tg.tool)
+		b.Run(tg.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				benchCall(b, cs, tg.tool)
+			}
+		})
+	}
+}
+
+const benchProcessBundle = `
+- kind: Upstream
+  name: ev
+  transport: streamable-http
+  url: %s
+- kind: Agent
+  agent_id: bench
+  version: 1.0.0
+  runtime_engine: go
+  tool_permissions:
+    - {tool_id: tool:ev-test-simple-text, side_effect_class: write, approval_tier: auto}
+- kind: RuntimePolicy
+  agent_id: bench
+  deployment_mode: production
+  tool_authorization_policy:
+    active_tool_set: all
+    mcp_tool_policy: {mcp_write_approval_required: false}
+- kind: Principal
+  principal_id: user:bench
+  grants: [{resource: tool, action: invoke, scope: all}]
+- kind: Settings
+  anonymous: {principal: user:bench, agent_id: bench}
+`
+
+// startReverseProxy runs testdata/revproxy, a bare httputil.ReverseProxy,
+// in front of up: the cost of any proxy process in the path, to set the
+// gateway's figures against. It returns the proxy's URL for up's path.
+func startReverseProxy(b *testing.B, up string) string {
+	b.Helper()
+	bin := filepath.Join(b.TempDir(), "revproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/revproxy").CombinedOutput(); err != nil {
+		b.Fatalf("build revproxy: %v\n%s", err, out)
+	}
+	addr := testenv.FreeAddr(b)
+	return startProcess(b, exec.Command(bin, addr, up), addr) + "/mcp"
+}
+
+// startProcess starts cmd, stops it when the benchmark ends, and waits until
+// addr accepts connections; it returns "http://"+addr.
+func startProcess(b *testing.B, cmd *exec.Cmd, addr string) string {
+	b.Helper()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	for i := 0; i < 200; i++ {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return "http://" + addr
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	b.Fatalf("%s did not listen on %s", cmd.Path, addr)
+	return ""
+}
+
+// startGatewayProcess builds toolgate from this tree and runs `toolgate
+// serve` on a free loopback port in front of the upstream at up, with the
+// given --audit-sync; the process is stopped when the benchmark ends. It
+// returns the MCP URL.
+func startGatewayProcess(b *testing.B, up, auditSync string) string {
+	b.Helper()
+	bin := filepath.Join(b.TempDir(), "toolgate")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/toolgate").CombinedOutput(); err != nil {
+		b.Fatalf("build toolgate: %v\n%s", err, out)
+	}
+	dir := b.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "bundle.yaml"), []byte(fmt.Sprintf(benchProcessBundle, up)), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	addr := testenv.FreeAddr(b)
+	return startProcess(b, exec.Command(bin, "serve", "--bundle", dir, "--listen", addr, "--data", b.TempDir(), "--audit-sync", auditSync), addr) + "/mcp"
 }

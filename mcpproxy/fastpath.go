@@ -226,7 +226,7 @@ func (f *fastState) session(sid string, r *http.Request) *clientSession {
 // fastCall serves a tools/call, or returns false to leave it to the SDK.
 func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env *envelope) bool {
 	cs := p.fast.session(sid, r)
-	if cs == nil || !slices.Contains(fastVersions, r.Header.Get("Mcp-Protocol-Version")) {
+	if cs == nil || !slices.Contains(fastVersions, r.Header.Get("Mcp-Protocol-Version")) || !plainID(env.ID) {
 		return false
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
@@ -321,6 +321,12 @@ func resultMessage(id json.RawMessage, result []byte) []byte {
 	msg = append(msg, `,"result":`...)
 	msg = append(msg, result...)
 	return append(msg, '}')
+}
+
+// plainID reports whether a request id is a string or a number, the ids
+// JSON-RPC allows (anything else is left to the SDK to refuse).
+func plainID(id json.RawMessage) bool {
+	return len(id) > 0 && (id[0] == '"' || id[0] == '-' || (id[0] >= '0' && id[0] <= '9'))
 }
 
 // errorMessage is a JSON-RPC error response to id.
@@ -502,6 +508,12 @@ func (p *Proxy) postCall(ctx context.Context, d *upstream.Direct, m mirror, cs *
 	return final.Result, nil
 }
 
+// drainWait and maxDrain bound reading the rest of an answered stream.
+const (
+	drainWait = 50 * time.Millisecond
+	maxDrain  = 64 << 10
+)
+
 // maxResumes bounds how often one call's stream is resumed without a new
 // event in between.
 const maxResumes = 5
@@ -519,6 +531,15 @@ func (p *Proxy) readStream(ctx context.Context, body io.ReadCloser, d *upstream.
 	)
 	for {
 		found, gotEvent, err := p.readEvents(ctx, body, d, cs, upID, out, final, &lastID, &retry)
+		if found {
+			// The upstream ends the stream once it has answered: read to
+			// the end, so that the connection goes back to the pool (an
+			// unread body closes it), but do not wait on a stream that
+			// stays open.
+			t := time.AfterFunc(drainWait, func() { body.Close() })
+			io.Copy(io.Discard, io.LimitReader(body, maxDrain))
+			t.Stop()
+		}
 		body.Close()
 		if found || (err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF)) {
 			return found, err

@@ -11,7 +11,7 @@ import (
 )
 
 // ErrNotDirect: the upstream cannot be posted to directly (it is a stdio
-// server, or its session has no id); use the Manager's SDK session.
+// server); use the Manager's SDK session.
 var ErrNotDirect = errors.New("upstream session cannot be posted to directly")
 
 // Direct is the live session of a streamable-http upstream, for a caller
@@ -23,7 +23,8 @@ var ErrNotDirect = errors.New("upstream session cannot be posted to directly")
 type Direct struct {
 	// Upstream is the upstream's name.
 	Upstream string
-	// SessionID is the upstream's Mcp-Session-Id for this session.
+	// SessionID is the upstream's Mcp-Session-Id for this session; "" for
+	// a stateless server (no header is sent).
 	SessionID string
 	// ProtocolVersion is the version negotiated at initialize, sent as
 	// Mcp-Protocol-Version.
@@ -47,7 +48,7 @@ func (m *Manager) Direct(name string) (*Direct, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.httpClient == nil || cs.ID() == "" {
+	if c.httpClient == nil {
 		return nil, fmt.Errorf("upstream %q: %w", name, ErrNotDirect)
 	}
 	pv := ProtocolVersion
@@ -76,8 +77,7 @@ func (d *Direct) Post(ctx context.Context, body []byte) (*http.Response, error) 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set("Mcp-Session-Id", d.SessionID)
-	req.Header.Set("Mcp-Protocol-Version", d.ProtocolVersion)
+	d.setSession(req)
 	resp, err := d.c.httpClient.Do(req)
 	if err != nil {
 		return nil, err
@@ -88,7 +88,7 @@ func (d *Direct) Post(ctx context.Context, body []byte) (*http.Response, error) 
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound {
+	if resp.StatusCode == http.StatusNotFound && d.SessionID != "" {
 		d.c.suspect()
 		return nil, fmt.Errorf("%w: the upstream no longer knows session %s (HTTP 404): %s", ErrDown, d.SessionID, bytes.TrimSpace(msg))
 	}
@@ -104,8 +104,7 @@ func (d *Direct) Resume(ctx context.Context, lastEventID string) (*http.Response
 		return nil, err
 	}
 	req.Header.Set("Accept", "text/event-stream")
-	req.Header.Set("Mcp-Session-Id", d.SessionID)
-	req.Header.Set("Mcp-Protocol-Version", d.ProtocolVersion)
+	d.setSession(req)
 	req.Header.Set("Last-Event-ID", lastEventID)
 	resp, err := d.c.httpClient.Do(req)
 	if err != nil {
@@ -117,6 +116,13 @@ func (d *Direct) Resume(ctx context.Context, lastEventID string) (*http.Response
 		return nil, fmt.Errorf("resuming the stream after event %s: the upstream answered HTTP %d: %s", lastEventID, resp.StatusCode, bytes.TrimSpace(msg))
 	}
 	return resp, nil
+}
+
+func (d *Direct) setSession(req *http.Request) {
+	if d.SessionID != "" {
+		req.Header.Set("Mcp-Session-Id", d.SessionID)
+	}
+	req.Header.Set("Mcp-Protocol-Version", d.ProtocolVersion)
 }
 
 // CallError classifies an error of a direct call as CallTool does: ctx is
