@@ -334,26 +334,59 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 }
 
 // passThrough reports whether an upstream's raw result may go to the client
-// as it is: a CallToolResult object no larger than maxBytes whose content
-// is an array of typed blocks (the result cap then has nothing to cut, and
-// nothing needs re-encoding); isError is its isError.
+// as it is: no larger than maxBytes (the result cap then has nothing to
+// cut), with only CallToolResult's members, and content blocks of a known
+// type with their required members of the right JSON type, so that it
+// decodes exactly as the SDK would decode it; anything else is decoded
+// and re-encoded (or refused) as on the SDK path. isError is its isError.
 func passThrough(raw json.RawMessage, maxBytes int) (isError, ok bool) {
 	if len(raw) > maxBytes {
 		return false, false
 	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &top); err != nil {
+		return false, false
+	}
+	for k := range top {
+		switch k {
+		case "content", "structuredContent", "isError", "_meta":
+		default:
+			return false, false
+		}
+	}
 	var probe struct {
-		IsError *bool `json:"isError"`
+		IsError *bool          `json:"isError"`
+		Meta    map[string]any `json:"_meta"`
 		Content []struct {
-			Type string `json:"type"`
+			Type     string  `json:"type"`
+			Text     *string `json:"text"`
+			Data     *string `json:"data"`
+			MIMEType *string `json:"mimeType"`
+			URI      *string `json:"uri"`
+			Name     *string `json:"name"`
+			Resource *struct {
+				URI  string  `json:"uri"`
+				Text *string `json:"text"`
+				Blob *string `json:"blob"`
+			} `json:"resource"`
 		} `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &probe); err != nil || probe.Content == nil {
 		return false, false
 	}
 	for _, c := range probe.Content {
+		var good bool
 		switch c.Type {
-		case "text", "image", "audio", "resource_link", "resource":
-		default:
+		case "text":
+			good = c.Text != nil
+		case "image", "audio":
+			good = c.Data != nil && c.MIMEType != nil
+		case "resource_link":
+			good = c.URI != nil && c.Name != nil
+		case "resource":
+			good = c.Resource != nil && c.Resource.URI != "" && (c.Resource.Text != nil || c.Resource.Blob != nil)
+		}
+		if !good {
 			return false, false
 		}
 	}

@@ -249,3 +249,67 @@ func TestCallFailsClosed(t *testing.T) {
 		}
 	})
 }
+
+// TestCallForwardRaw: a raw upstream result (the MCP proxy's fast path)
+// goes back as the same bytes only when it is a well-formed CallToolResult
+// within the result cap; anything else is decoded and capped, or refused as
+// malformed, as the SDK path would; the completion event says which.
+func TestCallForwardRaw(t *testing.T) {
+	f := newFixture(t, nil, true)
+	req := gate.Request{Identity: gate.Identity{AgentID: "a", DeploymentMode: "production", Principal: "p"}, Tool: "tool:up-fetch"}
+	for _, tc := range []struct {
+		name, raw  string
+		passed     bool // Raw holds the bytes as sent
+		failed     bool
+		wantInText string
+	}{
+		{"text", `{"content":[{"type":"text","text":"hi"}]}`, true, false, ""},
+		{"tool error", `{"content":[{"type":"text","text":"no"}],"isError":true}`, true, true, ""},
+		{"structured and image", `{"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}],"structuredContent":{"a":1},"_meta":{"k":"v"}}`, true, false, ""},
+		{"text that is not a string", `{"content":[{"type":"text","text":{"not":"a string"}}]}`, false, true, "malformed result"},
+		{"unknown member", `{"content":[{"type":"text","text":"hi"}],"extra":"x"}`, false, false, "hi"},
+		{"image without mimeType", `{"content":[{"type":"image","data":"aGk="}]}`, false, false, ""},
+		{"unknown content type", `{"content":[{"type":"video","data":"x"}]}`, false, true, "malformed result"},
+		{"no content", `{"isError":false}`, false, false, ""},
+		{"over the cap", `{"content":[{"type":"text","text":"` + strings.Repeat("x", 2000) + `"}]}`, false, false, "x"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := &gate.CallOptions{ForwardRaw: func(context.Context) (json.RawMessage, error) { return json.RawMessage(tc.raw), nil }}
+			out, cr := f.g.CallWith(context.Background(), req, opts)
+			if !out.Decision.Allowed() {
+				t.Fatalf("not allowed: %+v", out.Decision)
+			}
+			if got := cr.Raw != nil; got != tc.passed {
+				t.Errorf("passed through: %v, want %v (Raw %s, Tool %+v, Err %v)", got, tc.passed, cr.Raw, cr.Tool, cr.Err)
+			}
+			if tc.passed && string(cr.Raw) != tc.raw {
+				t.Errorf("Raw = %s, want the bytes as sent", cr.Raw)
+			}
+			if !tc.passed && cr.Tool == nil {
+				t.Fatalf("neither Raw nor Tool set (Err %v)", cr.Err)
+			}
+			if cr.Failed != tc.failed {
+				t.Errorf("Failed = %v, want %v (Err %v)", cr.Failed, tc.failed, cr.Err)
+			}
+			if tc.wantInText != "" {
+				text := ""
+				for _, c := range cr.Tool.Content {
+					if tcn, ok := c.(*mcp.TextContent); ok {
+						text += tcn.Text
+					}
+				}
+				if !strings.Contains(text, tc.wantInText) {
+					t.Errorf("text %q does not contain %q", text, tc.wantInText)
+				}
+			}
+			ev := f.completion(t, out.CorrelationID)
+			wantType := string(toolgate.EventCompleted)
+			if tc.failed {
+				wantType = string(toolgate.EventFailed)
+			}
+			if ev.EventType != wantType {
+				t.Errorf("completion event %s, want %s", ev.EventType, wantType)
+			}
+		})
+	}
+}

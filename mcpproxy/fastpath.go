@@ -137,7 +137,9 @@ func (p *Proxy) remember(req mcp.Request, method string) {
 			f.mu.Unlock()
 		}(ss.ID())
 	}
-	if method != "initialize" {
+	// The SDK serves requests other than initialize and ping only once
+	// the handshake is done, so either of these shows it is.
+	if method == "notifications/initialized" || (method != "initialize" && method != "ping" && !strings.HasPrefix(method, "notifications/")) {
 		cs.ready = true
 	}
 	f.mu.Unlock()
@@ -145,16 +147,20 @@ func (p *Proxy) remember(req mcp.Request, method string) {
 }
 
 // begin notes an HTTP request on a session (any method; sessionID may be
-// "") and, at most once a minute, closes sessions idle for SessionTimeout
+// "", and a request with another credential than the session's counts for
+// nothing) and, at most once a minute, closes sessions idle for SessionTimeout
 // with no request in progress. The SDK's own idle timer would not see the
 // fast path's calls, so the gateway keeps time itself. Call the returned
 // function when the request is done.
-func (p *Proxy) begin(sessionID string) (done func()) {
+func (p *Proxy) begin(sessionID, authorization string) (done func()) {
 	f := p.fast
 	now := time.Now()
 	var idle []*mcp.ServerSession
 	f.mu.Lock()
 	cs := f.sessions[sessionID]
+	if cs != nil && cs.cred != credentialKey(authorization) {
+		cs = nil // another credential's request keeps nobody's session alive
+	}
 	if cs != nil {
 		cs.seen.Store(now.UnixNano())
 		cs.active.Add(1)
@@ -199,14 +205,15 @@ func (e *envelope) isRequest() bool {
 
 // serveFast serves a POSTed message on the fast path when it can and
 // reports whether it did.
-func (p *Proxy) serveFast(w http.ResponseWriter, r *http.Request, sid string, env *envelope) bool {
+// id is the caller's identity, from the request's credential.
+func (p *Proxy) serveFast(w http.ResponseWriter, r *http.Request, sid string, env *envelope, id gate.Identity) bool {
 	switch {
 	case env.Method == nil && len(env.ID) > 0:
 		return p.fastAnswer(w, r, sid, env)
 	case env.Method != nil && *env.Method == "notifications/cancelled":
 		return p.fastCancel(w, r, sid, env)
 	case env.Method != nil && *env.Method == "tools/call" && env.isRequest():
-		return p.fastCall(w, r, sid, env)
+		return p.fastCall(w, r, sid, env, id)
 	}
 	return false
 }
@@ -216,15 +223,16 @@ func (p *Proxy) serveFast(w http.ResponseWriter, r *http.Request, sid string, en
 func (f *fastState) session(sid string, r *http.Request) *clientSession {
 	f.mu.Lock()
 	cs := f.sessions[sid]
+	ok := cs != nil && cs.ready && cs.cred == credentialKey(r.Header.Get("Authorization"))
 	f.mu.Unlock()
-	if cs == nil || !cs.ready || cs.cred != credentialKey(r.Header.Get("Authorization")) {
+	if !ok {
 		return nil
 	}
 	return cs
 }
 
 // fastCall serves a tools/call, or returns false to leave it to the SDK.
-func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env *envelope) bool {
+func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env *envelope, id gate.Identity) bool {
 	cs := p.fast.session(sid, r)
 	if cs == nil || !slices.Contains(fastVersions, r.Header.Get("Mcp-Protocol-Version")) || !plainID(env.ID) {
 		return false
@@ -263,11 +271,6 @@ func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env
 			return false // a stdio upstream: the SDK client relays its stream
 		}
 	}
-	id, err := p.ids.Load().Identify(r.Header.Get("Authorization"))
-	if err != nil {
-		return false // the guard has checked it; let the SDK answer the odd case
-	}
-
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	key := callKey{sid, string(env.ID)}
@@ -285,7 +288,7 @@ func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env
 	}()
 
 	p.countPath("fast")
-	out := &fastWriter{w: w}
+	out := newFastWriter(w)
 	forward := func(m mirror) *gate.CallOptions {
 		return &gate.CallOptions{ForwardRaw: func(ctx context.Context) (json.RawMessage, error) {
 			return p.forwardDirect(ctx, m, cs, args, out)
@@ -344,21 +347,43 @@ func errorMessage(id json.RawMessage, err error) []byte {
 
 // fastWriter answers one fast call: a JSON body when nothing came before
 // the result, else an SSE stream that carries what the upstream sent before
-// it (relayed requests, log messages) and then the result.
+// it (relayed requests, log messages) and then the result. Each write has
+// fastWriteTimeout to reach the client: a client that stops reading fails its
+// own stream, never holds the call (whose completion is recorded anyway).
 type fastWriter struct {
 	mu  sync.Mutex
 	w   http.ResponseWriter
+	rc  *http.ResponseController
 	sse bool
 	err error
 }
 
-// event sends one message on the call's stream, switching to SSE.
+// fastWriteTimeout bounds one write to the client on the fast path (a
+// variable for tests).
+var fastWriteTimeout = 10 * time.Second
+
+func newFastWriter(w http.ResponseWriter) *fastWriter {
+	return &fastWriter{w: w, rc: http.NewResponseController(w)}
+}
+
+// event sends one message on the call's stream, switching to SSE. msg is
+// compacted first: an upstream's pretty-printed JSON would break the SSE
+// framing.
 func (f *fastWriter) event(msg []byte) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
 		return f.err
 	}
+	if bytes.ContainsAny(msg, "\r\n") {
+		var b bytes.Buffer
+		if err := json.Compact(&b, msg); err != nil {
+			return err
+		}
+		msg = b.Bytes()
+	}
+	f.rc.SetWriteDeadline(time.Now().Add(fastWriteTimeout))
+	defer f.rc.SetWriteDeadline(time.Time{}) // the connection outlives this call
 	if !f.sse {
 		f.sse = true
 		h := f.w.Header()
@@ -371,8 +396,9 @@ func (f *fastWriter) event(msg []byte) error {
 		f.err = err
 		return err
 	}
-	if fl, ok := f.w.(http.Flusher); ok {
-		fl.Flush()
+	if err := f.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		f.err = err
+		return err
 	}
 	return nil
 }
@@ -386,6 +412,8 @@ func (f *fastWriter) final(msg []byte) {
 		f.event(msg)
 		return
 	}
+	f.rc.SetWriteDeadline(time.Now().Add(fastWriteTimeout))
+	defer f.rc.SetWriteDeadline(time.Time{})
 	f.w.Header().Set("Content-Type", "application/json")
 	f.w.WriteHeader(http.StatusOK)
 	f.w.Write(msg)
@@ -410,6 +438,13 @@ func (p *Proxy) forwardDirect(ctx context.Context, m mirror, cs *clientSession, 
 			return json.Marshal(res)
 		}
 		return nil, fmt.Errorf("%w (tools/call %q)", err, m.name)
+	}
+	// Tracked as the SDK path tracks its calls, so that what the upstream
+	// sends about this call outside the call's own stream (a server that
+	// answers with JSON, or sends unrelated to the request) is attributed
+	// to this client, or refused when it cannot be, never misrouted.
+	if c, err := p.relay.begin(ctx, m.upstream, cs.ss, nil); err == nil {
+		defer c.end()
 	}
 	start := time.Now()
 	res, err := p.postCall(ctx, d, m, cs, args, out)
@@ -514,9 +549,14 @@ const (
 	maxDrain  = 64 << 10
 )
 
-// maxResumes bounds how often one call's stream is resumed without a new
-// event in between.
-const maxResumes = 5
+// Stream resumption (SEP-1699) is bounded: at most maxResumes in a row
+// without a new event id, at most maxResumesTotal per call, and never
+// sooner than minResumeDelay whatever retry the upstream asks for.
+const (
+	maxResumes      = 5
+	maxResumesTotal = 32
+	minResumeDelay  = 50 * time.Millisecond
+)
 
 // readStream reads the upstream's SSE stream for the call upID until its
 // response, relaying what comes first. When the upstream closes the stream
@@ -525,12 +565,12 @@ const maxResumes = 5
 // client does. It reports whether the response was found (then in final).
 func (p *Proxy) readStream(ctx context.Context, body io.ReadCloser, d *upstream.Direct, cs *clientSession, upID []byte, out *fastWriter, final *envelope) (bool, error) {
 	var (
-		lastID  string
-		retry   = 100 * time.Millisecond
-		resumes int
+		lastID, prevID string
+		retry          = 100 * time.Millisecond
+		stalled, total int
 	)
 	for {
-		found, gotEvent, err := p.readEvents(ctx, body, d, cs, upID, out, final, &lastID, &retry)
+		found, _, err := p.readEvents(ctx, body, d, cs, upID, out, final, &lastID, &retry)
 		if found {
 			// The upstream ends the stream once it has answered: read to
 			// the end, so that the connection goes back to the pool (an
@@ -547,13 +587,14 @@ func (p *Proxy) readStream(ctx context.Context, body io.ReadCloser, d *upstream.
 		if lastID == "" {
 			return false, nil // nothing to resume from
 		}
-		if gotEvent {
-			resumes = 0
+		if lastID != prevID {
+			prevID, stalled = lastID, 0
 		}
-		if resumes++; resumes > maxResumes {
-			return false, fmt.Errorf("the upstream closed the call's stream %d times without an event: %w", maxResumes, io.ErrUnexpectedEOF)
+		stalled++
+		if total++; stalled > maxResumes || total > maxResumesTotal {
+			return false, fmt.Errorf("the upstream closed the call's stream %d times (%d without a new event) without answering", total, stalled)
 		}
-		t := time.NewTimer(min(retry, 5*time.Second))
+		t := time.NewTimer(min(max(retry, minResumeDelay), 5*time.Second))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -673,7 +714,7 @@ func (p *Proxy) relayRequest(ctx context.Context, d *upstream.Direct, cs *client
 			b, _ := json.Marshal(result)
 			msg = append(append(append(append([]byte(`{"jsonrpc":"2.0","id":`), env.ID...), `,"result":`...), b...), '}')
 		}
-		go postAnswer(d, msg)
+		postAnswer(d, msg) // in line: a flood of upstream requests is paced by its own answers
 	}
 	caps := clientCaps(cs.ss)
 	switch method {
@@ -794,7 +835,7 @@ func (p *Proxy) fastAnswer(w http.ResponseWriter, r *http.Request, sid string, e
 	} else {
 		msg = append(append(append(append([]byte(`{"jsonrpc":"2.0","id":`), pr.id...), `,"result":`...), paramsOrEmpty(env.Result)...), '}')
 	}
-	go postAnswer(pr.d, msg)
+	postAnswer(pr.d, msg)
 	w.WriteHeader(http.StatusAccepted)
 	return true
 }

@@ -273,13 +273,14 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 			writeRPCError(w, http.StatusForbidden, jsonrpc.CodeInvalidRequest, msg)
 			return
 		}
-		if _, err := ids.Identify(r.Header.Get("Authorization")); err != nil {
+		ident, err := ids.Identify(r.Header.Get("Authorization"))
+		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
 			writeRPCError(w, http.StatusUnauthorized, jsonrpc.CodeInvalidRequest, err.Error())
 			return
 		}
 		sid := r.Header.Get("Mcp-Session-Id")
-		done := p.begin(sid)
+		done := p.begin(sid, r.Header.Get("Authorization"))
 		defer done()
 		if r.Method == http.MethodPost {
 			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
@@ -301,7 +302,7 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, msg)
 				return
 			}
-			if sid != "" && p.serveFast(w, r, sid, env) {
+			if sid != "" && p.serveFast(w, r, sid, env, ident) {
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))

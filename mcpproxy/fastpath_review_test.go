@@ -1,0 +1,485 @@
+package mcpproxy
+
+// Regression tests from a review of the fast path by an engineer who had not
+// seen it: upstream messages sent outside a fast call's stream are
+// attributed as on the SDK path (never to another client), a client that
+// stops reading cannot hold a call, stream resumption is bounded, an
+// upstream's ping flood is paced, malformed results are not passed through,
+// and another credential's requests keep no session alive. The upstreams
+// are Go SDK servers on 127.0.0.1; "evil" ones answer tools/call with what
+// a test writes.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/authz"
+	"github.com/toolgate/toolgate/gate"
+	"github.com/toolgate/toolgate/internal/testenv"
+	"github.com/toolgate/toolgate/policy"
+	"github.com/toolgate/toolgate/upstream"
+)
+
+// reviewBundle: upstream "ev" at url, the agent's ceiling holds exactly tools
+// (upstream tool names), both test keys as in bundleFor.
+func reviewBundle(url string, tools ...string) string {
+	var ceiling strings.Builder
+	for _, name := range tools {
+		fmt.Fprintf(&ceiling, "    - {tool_id: tool:ev-%s, side_effect_class: write, approval_tier: auto}\n", strings.ReplaceAll(name, "_", "-"))
+	}
+	var creds strings.Builder
+	for i, k := range testKeys {
+		sum := sha256.Sum256([]byte(k))
+		fmt.Fprintf(&creds, "- kind: Credential\n  name: client-%d\n  api_key_sha256: %s\n  principal: user:t\n  agent_id: t\n  deployment_mode: production\n",
+			i, hex.EncodeToString(sum[:]))
+	}
+	return evUpstream(url) + `
+- kind: Agent
+  agent_id: t
+  version: 1.0.0
+  runtime_engine: go
+  tool_permissions:
+` + ceiling.String() + `
+- kind: RuntimePolicy
+  agent_id: t
+  deployment_mode: production
+  tool_authorization_policy:
+    active_tool_set: all
+    mcp_tool_policy: {mcp_write_approval_required: false}
+- kind: Principal
+  principal_id: user:t
+  grants: [{resource: tool, action: invoke, scope: all}]
+` + creds.String()
+}
+
+// jsonResponseUpstream is a Go SDK server whose Streamable HTTP handler
+// answers with application/json (StreamableHTTPOptions.JSONResponse), so it
+// sends everything but responses (log messages, sampling requests) on the
+// session's standalone GET stream, as the SDK documents.
+func jsonResponseUpstream(t *testing.T, slowRelease chan struct{}) string {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "jsonresp", Version: "1"}, &mcp.ServerOptions{
+		Capabilities: &mcp.ServerCapabilities{Logging: &mcp.LoggingCapabilities{}, Tools: &mcp.ToolCapabilities{}},
+	})
+	type askArgs struct {
+		Secret string `json:"secret"`
+	}
+	mcp.AddTool(srv, &mcp.Tool{Name: "ask"}, func(ctx context.Context, req *mcp.CallToolRequest, a askArgs) (*mcp.CallToolResult, any, error) {
+		res, err := req.Session.CreateMessage(ctx, &mcp.CreateMessageParams{MaxTokens: 10,
+			Messages: []*mcp.SamplingMessage{{Role: "user", Content: &mcp.TextContent{Text: a.Secret}}}})
+		if err != nil {
+			return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "sampling failed: " + err.Error()}}}, nil, nil
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "answer: " + res.Content.(*mcp.TextContent).Text}}}, nil, nil
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "logit"}, func(ctx context.Context, req *mcp.CallToolRequest, a askArgs) (*mcp.CallToolResult, any, error) {
+		req.Session.Log(ctx, &mcp.LoggingMessageParams{Level: "info", Data: "private log of the caller: " + a.Secret})
+		time.Sleep(50 * time.Millisecond)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "logged"}}}, nil, nil
+	})
+	mcp.AddTool(srv, &mcp.Tool{Name: "slow"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
+		select {
+		case <-slowRelease:
+		case <-ctx.Done():
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "slow done"}}}, nil, nil
+	})
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+		&mcp.StreamableHTTPOptions{JSONResponse: true}))
+	t.Cleanup(ts.Close)
+	return ts.URL
+}
+
+// serveProxyT is serveProxyP with an upstream call timeout.
+func serveProxyT(t *testing.T, bundleYAML string, callTimeout time.Duration) (string, *Proxy) {
+	return serveProxyR(t, bundleYAML, callTimeout, nil)
+}
+
+func serveProxyR(t *testing.T, bundleYAML string, callTimeout time.Duration, rec *audit.Recorder) (string, *Proxy) {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "bundle.yaml"), []byte(bundleYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := policy.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _, err := authz.Compile(b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := gate.New(snap, &gate.Options{Recorder: rec})
+	var (
+		p         *Proxy
+		mu        sync.Mutex
+		announced = map[string][]authz.AnnouncedTool{}
+		cfgs      []upstream.Config
+	)
+	for _, u := range b.Upstreams {
+		cfgs = append(cfgs, upstream.Config{Name: u.Name, Transport: u.Transport, Command: u.Command, Args: u.Args, URL: u.URL, CallTimeout: callTimeout})
+	}
+	o := &upstream.Options{OnChange: func(name string, tools []*mcp.Tool) {
+		mu.Lock()
+		defer mu.Unlock()
+		i := slices.IndexFunc(b.Upstreams, func(u *policy.Upstream) bool { return u.Name == name })
+		accepted, _ := Announced(b.Upstreams[i], tools)
+		announced[name] = accepted
+		var all []authz.AnnouncedTool
+		for _, u := range b.Upstreams {
+			all = append(all, announced[u.Name]...)
+		}
+		snap, _, err := authz.Compile(b, &authz.Options{Announced: all})
+		if err != nil {
+			t.Errorf("compile with announced tools: %v", err)
+			return
+		}
+		g.Swap(snap)
+		p.SetTools(b.Upstreams[i], tools, accepted)
+	}}
+	RelayUpstream(o, func() *Proxy { return p })
+	ups, err := upstream.New(cfgs, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = New(g, ups, NewIdentities(b), nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := ups.Start(ctx); err != nil {
+		t.Fatalf("upstreams: %v", err)
+	}
+	srv := httptest.NewServer(p.Handler())
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+		ups.Close()
+	})
+	return srv.URL, p
+}
+
+// evilUpstream: a Go SDK server announcing the given tools; a tools/call of
+// one of them is answered by evil (given the call's JSON-RPC id) instead.
+// GETs with Last-Event-ID go to resume when set.
+type evilUpstream struct {
+	URL    string
+	gets   atomic.Int64
+	evil   func(w http.ResponseWriter, id json.RawMessage, name string)
+	resume func(w http.ResponseWriter, r *http.Request)
+}
+
+func startEvil(t *testing.T, tools ...string) *evilUpstream {
+	e := &evilUpstream{}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "evil", Version: "1"}, nil)
+	for _, n := range tools {
+		mcp.AddTool(srv, &mcp.Tool{Name: n}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "benign"}}}, nil, nil
+		})
+	}
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.Header.Get("Last-Event-ID") != "" && e.resume != nil {
+			e.gets.Add(1)
+			e.resume(w, r)
+			return
+		}
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			var m struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+				Params struct {
+					Name string `json:"name"`
+				} `json:"params"`
+			}
+			json.Unmarshal(body, &m)
+			if m.Method == "tools/call" && e.evil != nil {
+				e.evil(w, m.ID, m.Params.Name)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		sdk.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	e.URL = ts.URL
+	return e
+}
+
+func sse(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(200)
+	w.(http.Flusher).Flush()
+}
+
+// openRaw2 opens a session as a raw client that declares sampling and
+// waits until tool is listed.
+func openRaw2(t *testing.T, url, key, tool string) string {
+	t.Helper()
+	resp, body := post(t, url, key, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"sampling":{}},"clientInfo":{"name":"raw","version":"1"}}}`)
+	sid := resp.Header.Get("Mcp-Session-Id")
+	if sid == "" {
+		t.Fatalf("initialize: HTTP %d %s", resp.StatusCode, body)
+	}
+	post(t, url, key, sid, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	waitFor(t, "the mirrored tools", func() bool {
+		_, body := post(t, url, key, sid, `{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{}}`)
+		return strings.Contains(body, tool)
+	})
+	return sid
+}
+
+// memStore is an in-memory audit store.
+type memStore struct {
+	mu  sync.Mutex
+	evs []audit.Event
+}
+
+// AppendEvents implements audit.Store.
+func (m *memStore) AppendEvents(_ context.Context, evs []audit.Event) ([]audit.Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.evs = append(m.evs, evs...)
+	return evs, nil
+}
+func (m *memStore) ReadRecords(context.Context, int64, int) ([]audit.Record, error) { return nil, nil }
+func (m *memStore) AuditHead(context.Context) (audit.Head, error)                   { return audit.Head{}, nil }
+func (m *memStore) types() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, e := range m.evs {
+		out = append(out, string(e.EventType))
+	}
+	return out
+}
+
+// TestFastCallMessagesOutsideItsStream: an upstream that answers with JSON
+// sends its sampling requests and log messages on its standalone stream.
+// For a fast call they reach the caller, as on the SDK path; with another
+// client's call in flight they are refused, never sent to that client.
+func TestFastCallMessagesOutsideItsStream(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	up := jsonResponseUpstream(t, release)
+	url, p := serveProxyP(t, reviewBundle(up, "ask", "logit", "slow"))
+	a := connectClient(t, url, testKeys[0], declare{sampling: true})
+	b := connectClient(t, url, testKeys[1], declare{sampling: true})
+	ctx := context.Background()
+	waitFor(t, "the mirrored tools", func() bool {
+		res, err := a.cs.ListTools(ctx, nil)
+		return err == nil && len(res.Tools) == 3
+	})
+
+	// B alone: the fast path answers as the SDK path does.
+	fast0, _ := p.CallPaths()
+	fastText, fastErr := callText(t, b.cs, &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"secret": "q"}})
+	sdkText, sdkErr := callText(t, b.cs, &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"secret": "q"}, Meta: mcp.Meta{"progressToken": "x"}})
+	if fast1, _ := p.CallPaths(); fast1 != fast0+1 {
+		t.Errorf("B's plain call did not take the fast path")
+	}
+	if fastText != sdkText || fastErr != sdkErr || fastText != "answer: sampled for key-b" {
+		t.Errorf("fast path %q (isError %v), SDK path %q (isError %v); want both B's own sampling", fastText, fastErr, sdkText, sdkErr)
+	}
+
+	// Logs: B's call's log reaches B, never A.
+	for _, c := range []*client{a, b} {
+		if err := c.cs.SetLoggingLevel(ctx, &mcp.SetLoggingLevelParams{Level: "debug"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(2500 * time.Millisecond) // past the linger of earlier requests
+	callText(t, b.cs, &mcp.CallToolParams{Name: "logit", Arguments: map[string]any{"secret": "B-only"}})
+	select {
+	case <-b.gotLog:
+	case <-time.After(5 * time.Second):
+		t.Error("B did not get its call's log message")
+	}
+	time.Sleep(300 * time.Millisecond)
+	a.mu.Lock()
+	for _, l := range a.logs {
+		if s, _ := json.Marshal(l.Data); strings.Contains(string(s), "B-only") {
+			t.Errorf("client A got B's call's log message: %s", s)
+		}
+	}
+	a.mu.Unlock()
+
+	// A's call in flight on the SDK path, B's fast call asks: refused, and
+	// A is never asked.
+	go a.cs.CallTool(ctx, &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{}, Meta: mcp.Meta{"progressToken": "pa"}})
+	time.Sleep(300 * time.Millisecond)
+	a.mu.Lock()
+	a.sampled = nil
+	a.mu.Unlock()
+	text, _ := callText(t, b.cs, &mcp.CallToolParams{Name: "ask", Arguments: map[string]any{"secret": "B's secret prompt"}})
+	a.mu.Lock()
+	if slices.Contains(a.sampled, "B's secret prompt") || strings.Contains(text, "key-a") {
+		t.Errorf("client A was asked B's sampling request (A asked %q, B's result %q)", a.sampled, text)
+	}
+	a.mu.Unlock()
+
+}
+
+// TestFastPathStalledClient: a client that stops reading its call's stream
+// (a 21 MB relayed sampling request) fails only its own stream: the call
+// ends within the call timeout and the write timeout, and its completion is
+// recorded while the client still holds the connection.
+func TestFastPathStalledClient(t *testing.T) {
+	defer func(d time.Duration) { fastWriteTimeout = d }(fastWriteTimeout)
+	fastWriteTimeout = time.Second
+	st := &memStore{}
+	rec := audit.NewRecorder(st, nil)
+	ev := testenv.StartEverythingServer(t, "")
+	url, p := serveProxyR(t, bundleFor(evUpstream(ev.URL)), 2*time.Second, rec)
+	sid := openRaw2(t, url, testKeys[0], "test_sampling")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"test_sampling","arguments":{"prompt":"` + strings.Repeat("<", 3500000) + `"}}}`
+	fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nMcp-Session-Id: %s\r\nMcp-Protocol-Version: 2025-11-25\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n%s",
+		strings.TrimPrefix(url, "http://"), testKeys[0], sid, len(body), body)
+	if line, _ := bufio.NewReaderSize(conn, 16).ReadString('\n'); !strings.Contains(line, "200") {
+		t.Fatalf("status line %q", line)
+	}
+	// The client reads nothing more.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		rec.Flush(context.Background())
+		p.fast.mu.Lock()
+		n := len(p.fast.calls)
+		p.fast.mu.Unlock()
+		types := st.types()
+		if n == 0 && (slices.Contains(types, "agent.tool.failed") || slices.Contains(types, "agent.tool.completed")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s on (call timeout 2 s, write timeout 1 s): %d fast calls in flight, audit events %v", n, types)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestFastPathResumptionIsBounded: an upstream that closes the call's stream
+// after every event, asking for an immediate retry, gets a bounded number
+// of resumptions, paced, and the call fails with a clear error.
+func TestFastPathResumptionIsBounded(t *testing.T) {
+	e := startEvil(t, "loop")
+	again := func(w http.ResponseWriter) {
+		sse(w)
+		fmt.Fprintf(w, "id: 1\nretry: 0\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"error\",\"data\":\"again\"}}\n\n")
+	}
+	e.evil = func(w http.ResponseWriter, _ json.RawMessage, _ string) { again(w) }
+	e.resume = func(w http.ResponseWriter, _ *http.Request) { again(w) }
+	url, _ := serveProxyT(t, reviewBundle(e.URL, "loop"), 20*time.Second)
+	sid := openRaw2(t, url, testKeys[0], "loop")
+	post(t, url, testKeys[0], sid, `{"jsonrpc":"2.0","id":5,"method":"logging/setLevel","params":{"level":"debug"}}`)
+	_, body := post(t, url, testKeys[0], sid, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"loop","arguments":{}}}`)
+	if n := e.gets.Load(); n > maxResumes {
+		t.Errorf("%d resumptions without a new event id, want at most %d", n, maxResumes)
+	}
+	if n := strings.Count(body, `"again"`); n > maxResumes+1 {
+		t.Errorf("%d copies of the event relayed", n)
+	}
+	if !strings.Contains(body, `"isError":true`) || !strings.Contains(body, "closed the call's stream") {
+		t.Errorf("answer %.500s", body)
+	}
+}
+
+// TestFastPathPingFlood: an upstream's flood of pings on a call's stream is
+// answered in line, so it cannot pile up goroutines or connections.
+func TestFastPathPingFlood(t *testing.T) {
+	e := startEvil(t, "flood")
+	e.evil = func(w http.ResponseWriter, id json.RawMessage, _ string) {
+		sse(w)
+		for i := 0; i < 3000; i++ {
+			fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%d,\"method\":\"ping\"}\n\n", i)
+		}
+		w.(http.Flusher).Flush()
+		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"flood done\"}]}}\n\n", id)
+	}
+	url, _ := serveProxyT(t, reviewBundle(e.URL, "flood"), 30*time.Second)
+	sid := openRaw2(t, url, testKeys[0], "flood")
+	g0 := runtime.NumGoroutine()
+	var peak atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if n := int64(runtime.NumGoroutine()); n > peak.Load() {
+				peak.Store(n)
+			}
+		}
+	}()
+	_, out := post(t, url, testKeys[0], sid, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"flood","arguments":{}}}`)
+	close(done)
+	if !strings.Contains(out, "flood done") {
+		t.Errorf("answer %.300s", out)
+	}
+	if p := peak.Load(); p > int64(g0)+100 {
+		t.Errorf("goroutines peaked at %d (before: %d)", p, g0)
+	}
+}
+
+// TestFastPathMalformedResult: a result whose content does not decode is
+// not passed through: the caller gets an isError result, as on the SDK path.
+func TestFastPathMalformedResult(t *testing.T) {
+	e := startEvil(t, "bad_text")
+	e.evil = func(w http.ResponseWriter, id json.RawMessage, _ string) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":{"not":"a string"}}],"extra":"x"}}`, id)
+	}
+	url, p := serveProxyT(t, reviewBundle(e.URL, "bad_text"), 5*time.Second)
+	sid := openRaw2(t, url, testKeys[0], "bad_text")
+	fast0, _ := p.CallPaths()
+	_, fast := post(t, url, testKeys[0], sid, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"bad_text","arguments":{}}}`)
+	if f, _ := p.CallPaths(); f != fast0+1 {
+		t.Fatal("not served on the fast path")
+	}
+	if strings.Contains(fast, `"not":"a string"`) || !strings.Contains(fast, `"isError":true`) {
+		t.Errorf("malformed result passed through: %s", fast)
+	}
+}
+
+// TestFastPathForeignRequestsKeepNoSessionAlive: requests of another
+// credential into a session (refused 403) do not count as its activity.
+func TestFastPathForeignRequestsKeepNoSessionAlive(t *testing.T) {
+	ev := testenv.StartEverythingServer(t, "")
+	url, p := serveProxyT(t, bundleFor(evUpstream(ev.URL)), 5*time.Second)
+	p.opts.SessionTimeout = time.Second
+	a := openRaw2(t, url, testKeys[0], "test_simple_text")
+	for i := 0; i < 8; i++ {
+		// 403 while a's session lives, 404 once it is closed.
+		if resp, _ := post(t, url, testKeys[1], a, `{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}`); resp.StatusCode != http.StatusForbidden && resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("key b in a's session: HTTP %d", resp.StatusCode)
+		}
+		time.Sleep(400 * time.Millisecond)
+	}
+	if resp, body := post(t, url, testKeys[0], a, `{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}`); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("a's session, idle 3.2 s with a 1 s timeout: HTTP %d %.200s, want 404", resp.StatusCode, body)
+	}
+}
