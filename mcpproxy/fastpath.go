@@ -210,7 +210,7 @@ func (p *Proxy) serveFast(w http.ResponseWriter, r *http.Request, sid string, en
 	switch {
 	case env.Method == nil && len(env.ID) > 0:
 		return p.fastAnswer(w, r, sid, env)
-	case env.Method != nil && *env.Method == "notifications/cancelled":
+	case env.Method != nil && *env.Method == "notifications/cancelled" && len(env.ID) == 0:
 		return p.fastCancel(w, r, sid, env)
 	case env.Method != nil && *env.Method == "tools/call" && env.isRequest():
 		return p.fastCall(w, r, sid, env, id)
