@@ -199,12 +199,20 @@ const benchProcessBundle = `
 // gateway's figures against. It returns the proxy's URL for up's path.
 func startReverseProxy(b *testing.B, up string) string {
 	b.Helper()
-	bin := filepath.Join(b.TempDir(), "revproxy")
-	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/revproxy").CombinedOutput(); err != nil {
-		b.Fatalf("build revproxy: %v\n%s", err, out)
-	}
+	bin := buildBin(b, "./testdata/revproxy")
 	addr := testenv.FreeAddr(b)
 	return startProcess(b, exec.Command(bin, addr, up), addr) + "/mcp"
+}
+
+// buildBin builds the main package pkg (relative to this folder) into a
+// temporary folder and returns the binary's path.
+func buildBin(b *testing.B, pkg string) string {
+	b.Helper()
+	bin := filepath.Join(b.TempDir(), filepath.Base(pkg))
+	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		b.Fatalf("build %s: %v\n%s", pkg, err, out)
+	}
+	return bin
 }
 
 // startProcess starts cmd, stops it when the benchmark ends, and waits until
@@ -242,10 +250,7 @@ func startProcess(b *testing.B, cmd *exec.Cmd, addr string) string {
 // returns the MCP URL.
 func startGatewayProcess(b *testing.B, up, auditSync string) string {
 	b.Helper()
-	bin := filepath.Join(b.TempDir(), "toolgate")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/toolgate").CombinedOutput(); err != nil {
-		b.Fatalf("build toolgate: %v\n%s", err, out)
-	}
+	bin := buildBin(b, "../cmd/toolgate")
 	dir := b.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "bundle.yaml"), []byte(fmt.Sprintf(benchProcessBundle, up)), 0o644); err != nil {
 		b.Fatal(err)

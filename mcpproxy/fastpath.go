@@ -208,6 +208,9 @@ func (e *envelope) isRequest() bool {
 // id is the caller's identity, from the request's credential.
 func (p *Proxy) serveFast(w http.ResponseWriter, r *http.Request, sid string, env *envelope, id gate.Identity) bool {
 	switch {
+	case env.Method != nil && *env.Method == "notifications/initialized":
+		p.fast.initialized(sid, r)
+		return false // the SDK completes its side of the handshake
 	case env.Method == nil && len(env.ID) > 0:
 		return p.fastAnswer(w, r, sid, env)
 	case env.Method != nil && *env.Method == "notifications/cancelled" && len(env.ID) == 0:
@@ -216,6 +219,17 @@ func (p *Proxy) serveFast(w http.ResponseWriter, r *http.Request, sid string, en
 		return p.fastCall(w, r, sid, env, id)
 	}
 	return false
+}
+
+// initialized marks session sid ready when the client that created it
+// sends notifications/initialized: its next call may take the fast path
+// even before the SDK has handled the notification (asynchronously).
+func (f *fastState) initialized(sid string, r *http.Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if cs := f.sessions[sid]; cs != nil && cs.cred == credentialKey(r.Header.Get("Authorization")) {
+		cs.ready = true
+	}
 }
 
 // session returns the ready session sid if the request may use it: the

@@ -115,6 +115,11 @@ func serveProxyT(t *testing.T, bundleYAML string, callTimeout time.Duration) (st
 	return serveProxyR(t, bundleYAML, callTimeout, nil)
 }
 
+// serveProxyR compiles the bundle, connects its upstreams (each call bounded
+// by callTimeout; 0 is the default) with the pass-through handlers, mirrors
+// their tools as the gateway does, and serves the proxy on 127.0.0.1,
+// recording decisions with rec (nil: none). It returns the MCP URL and the
+// Proxy.
 func serveProxyR(t *testing.T, bundleYAML string, callTimeout time.Duration, rec *audit.Recorder) (string, *Proxy) {
 	t.Helper()
 	dir := t.TempDir()
@@ -289,6 +294,12 @@ func TestFastCallMessagesOutsideItsStream(t *testing.T) {
 		res, err := a.cs.ListTools(ctx, nil)
 		return err == nil && len(res.Tools) == 3
 	})
+	// B's session is ready for the fast path once the SDK has served it a
+	// request after the handshake (the initialized notification is
+	// handled asynchronously).
+	if _, err := b.cs.ListTools(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
 
 	// B alone: the fast path answers as the SDK path does.
 	fast0, _ := p.CallPaths()

@@ -11,9 +11,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -23,10 +20,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/toolgate/toolgate/authz"
-	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/internal/testenv"
-	"github.com/toolgate/toolgate/policy"
 	"github.com/toolgate/toolgate/upstream"
 )
 
@@ -97,64 +91,7 @@ func serveProxy(t *testing.T, bundleYAML string) string {
 // serveProxyP is serveProxy, also returning the Proxy.
 func serveProxyP(t *testing.T, bundleYAML string) (string, *Proxy) {
 	t.Helper()
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "bundle.yaml"), []byte(bundleYAML), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	b, err := policy.LoadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, _, err := authz.Compile(b, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := gate.New(snap, nil)
-	var (
-		p         *Proxy
-		mu        sync.Mutex
-		announced = map[string][]authz.AnnouncedTool{}
-		cfgs      []upstream.Config
-	)
-	for _, u := range b.Upstreams {
-		cfgs = append(cfgs, upstream.Config{Name: u.Name, Transport: u.Transport, Command: u.Command, Args: u.Args, URL: u.URL})
-	}
-	o := &upstream.Options{OnChange: func(name string, tools []*mcp.Tool) {
-		mu.Lock()
-		defer mu.Unlock()
-		i := slices.IndexFunc(b.Upstreams, func(u *policy.Upstream) bool { return u.Name == name })
-		accepted, _ := Announced(b.Upstreams[i], tools)
-		announced[name] = accepted
-		var all []authz.AnnouncedTool
-		for _, u := range b.Upstreams {
-			all = append(all, announced[u.Name]...)
-		}
-		snap, _, err := authz.Compile(b, &authz.Options{Announced: all})
-		if err != nil {
-			t.Errorf("compile with announced tools: %v", err)
-			return
-		}
-		g.Swap(snap)
-		p.SetTools(b.Upstreams[i], tools, accepted)
-	}}
-	RelayUpstream(o, func() *Proxy { return p })
-	ups, err := upstream.New(cfgs, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p = New(g, ups, NewIdentities(b), nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := ups.Start(ctx); err != nil {
-		t.Fatalf("upstreams: %v", err)
-	}
-	srv := httptest.NewServer(p.Handler())
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-		ups.Close()
-	})
-	return srv.URL, p
+	return serveProxyR(t, bundleYAML, 0, nil)
 }
 
 type bearer struct {
