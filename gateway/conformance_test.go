@@ -132,6 +132,13 @@ func TestConformance(t *testing.T) {
 
 	t.Logf("directly (%s): %d scenarios, %d checks passed, %d failed", ev.URL, len(direct.passed), direct.checks, direct.failed)
 	t.Logf("through toolgate (%s): %d scenarios, %d checks passed, %d failed", g.url, len(via.passed), via.checks, via.failed)
+	// The suite's plain tool calls take the fast path, those with a
+	// progress token the SDK path: both are held to the suite.
+	fast, sdk := g.gw.Proxy.CallPaths()
+	t.Logf("tools/call through toolgate: %d on the fast path, %d on the SDK path", fast, sdk)
+	if fast == 0 || sdk == 0 {
+		t.Errorf("the suite exercised the fast path %d times and the SDK path %d times; want both", fast, sdk)
+	}
 	if len(direct.passed) == 0 {
 		t.Fatalf("the suite reported no scenario against the server itself:\n%s", direct.output)
 	}
