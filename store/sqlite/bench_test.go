@@ -3,9 +3,7 @@ package sqlite_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -40,43 +38,5 @@ func BenchmarkAppendEvents(b *testing.B) {
 				}
 			}
 		})
-	}
-}
-
-// TestBackgroundCheckpoint: with SQLite's automatic checkpoint off, the
-// database file grows only through the background checkpointer; appended
-// events reach it within a few intervals, not only when the store closes.
-func TestBackgroundCheckpoint(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "a.db")
-	s, err := sqlite.Open(path, &sqlite.Options{Synchronous: "normal", CheckpointInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	size := func() int64 {
-		fi, err := os.Stat(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return fi.Size()
-	}
-	before := size()
-	ctx := context.Background()
-	for i := 0; i < 200; i++ {
-		ev := audit.Event{EventID: fmt.Sprintf("ev-%d", i), EventType: "agent.tool.authorized", OccurredAt: time.Now().UTC(),
-			CorrelationID: fmt.Sprintf("c-%d", i), Reason: strings.Repeat("x", 500)}
-		if _, err := s.AppendEvents(ctx, []audit.Event{ev}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for size() <= before+50_000 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the database file stayed at %d bytes (before: %d): no background checkpoint", size(), before)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if _, err := os.Stat(path + "-wal"); err != nil {
-		t.Fatalf("no write-ahead log: %v", err)
 	}
 }

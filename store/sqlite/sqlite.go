@@ -46,12 +46,6 @@ type Options struct {
 	// of the machine; WAL is fsynced at checkpoints). "normal" saves about
 	// one fsync per committed batch.
 	Synchronous string
-	// CheckpointInterval is how often a background checkpoint copies the
-	// write-ahead log into the database file. Default 1 s. SQLite's own
-	// automatic checkpoint would run inside a commit every 1000 pages,
-	// stalling the call whose allow that commit makes durable (it about
-	// halved the append's median cost on the development VM).
-	CheckpointInterval time.Duration
 }
 
 // Store is an audit.Store and an approval.Store over one SQLite file. It is
@@ -65,11 +59,6 @@ type Store struct {
 	// connection prepares them once too); nil when preparing failed, and
 	// then the plain queries are used.
 	selHead, updHead, insOne *sql.Stmt
-
-	// stopCheckpoints ends the background checkpointer; done is closed
-	// when it has.
-	stopCheckpoints context.CancelFunc
-	checkpointsDone chan struct{}
 }
 
 var (
@@ -180,10 +169,7 @@ func Open(path string, opts *Options) (*Store, error) {
 			return nil, fmt.Errorf("sqlite: create folder for %s: %w", path, err)
 		}
 	}
-	if o.CheckpointInterval <= 0 {
-		o.CheckpointInterval = time.Second
-	}
-	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_synchronous=%s&_foreign_keys=1&_txlock=immediate&_pragma=wal_autocheckpoint(0)",
+	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_synchronous=%s&_foreign_keys=1&_txlock=immediate",
 		path, o.BusyTimeout.Milliseconds(), sync)
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
@@ -199,29 +185,7 @@ func Open(path string, opts *Options) (*Store, error) {
 	s.selHead, _ = db.Prepare(selectHead)
 	s.updHead, _ = db.Prepare(updateHead)
 	s.insOne, _ = db.Prepare(insertPrefix + "(?, ?, ?, ?, ?, ?)")
-	ctx, cancel := context.WithCancel(context.Background())
-	s.stopCheckpoints, s.checkpointsDone = cancel, make(chan struct{})
-	go s.checkpoints(ctx, o.CheckpointInterval)
 	return s, nil
-}
-
-// checkpoints copies the write-ahead log into the database file every
-// interval (PASSIVE: it never blocks writers or waits for readers), off the
-// append path; see Options.CheckpointInterval.
-func (s *Store) checkpoints(ctx context.Context, interval time.Duration) {
-	defer close(s.checkpointsDone)
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			// A failure (the file went read-only, a lock held too long) is
-			// retried on the next tick; appends report their own errors.
-			s.db.ExecContext(ctx, "PRAGMA wal_checkpoint(PASSIVE)")
-		}
-	}
 }
 
 const (
@@ -271,12 +235,8 @@ func (s *Store) migrate(ctx context.Context) error {
 	return tx.Commit()
 }
 
-// Close stops the background checkpoints and closes the database (SQLite
-// folds the write-ahead log into the file when its last connection
-// closes). Listeners return once their ctx ends.
+// Close closes the database. Listeners return once their ctx ends.
 func (s *Store) Close() error {
-	s.stopCheckpoints()
-	<-s.checkpointsDone
 	for _, st := range []*sql.Stmt{s.selHead, s.updHead, s.insOne} {
 		if st != nil {
 			st.Close()
