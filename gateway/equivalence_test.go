@@ -17,10 +17,11 @@ import (
 // enforcement points: the Go API (gate.Call), the HTTP API
 // (/v1/tools/call) and the MCP proxy. All three must reach the same verdict
 // and code, and the audit log must record that code for each. visible says
-// whether the MCP client sees the tool: a refusal of a visible tool is an
-// isError result carrying the code; a tool the caller cannot see is
+// whether the caller sees the tool: a refusal of a visible tool carries the
+// code (an isError result over MCP); a tool the caller cannot see is
 // answered exactly like one that does not exist (the unknown-tool JSON-RPC
-// error), and only the audit log tells the codes apart.
+// error over MCP, code unknown_tool over HTTP), and only the audit log
+// tells the codes apart.
 var equivalenceCases = []struct {
 	name    string
 	tool    string
@@ -76,7 +77,14 @@ func TestEnforcementPointsAgree(t *testing.T) {
 
 			// HTTP API.
 			status, resp, raw := toolsCall(t, e.apiURL(), analystKey, tc.tool, args)
-			if diff := cmp.Diff(want, verdict{resp.Decision.Verdict, resp.Decision.Code}); diff != "" {
+			wantHTTP := want
+			if !tc.visible {
+				wantHTTP = verdict{"deny", "unknown_tool"}
+				if want := fmt.Sprintf("composition layer: %q is not a tool this caller can call; POST /v1/resolve lists the tools it can", tc.tool); resp.Decision.Reason != want || resp.Decision.ToolID != "" {
+					t.Errorf("HTTP API: a hidden tool got reason %q tool_id %q, want %q and none", resp.Decision.Reason, resp.Decision.ToolID, want)
+				}
+			}
+			if diff := cmp.Diff(wantHTTP, verdict{resp.Decision.Verdict, resp.Decision.Code}); diff != "" {
 				t.Errorf("HTTP API (-want +got):\n%s%s", diff, raw)
 			}
 			wantStatus := map[string]int{"allow": 200, "deny": 403, "require_approval": 202}[tc.verdict]

@@ -34,6 +34,9 @@ const everythingBundle = `
 # hang-server announces no annotations (so: write); these say read.
 - {kind: Tool, tool_id: tool:hang-hang, side_effect_class: read, source: {mcp_server: hang}}
 - {kind: Tool, tool_id: tool:hang-echo, side_effect_class: read, source: {mcp_server: hang}}
+# One attempt only: the upstream-killed-mid-call case shows the call failing,
+# not a retry racing the restart (retries: TestRetriesThroughGateway).
+- {kind: Tool, tool_id: tool:everything-trigger-long-running-operation, side_effect_class: read, source: {mcp_server: everything}, retry: {max_attempts: 1}}
 - kind: Agent
   agent_id: ev-agent
   version: 1.0.0

@@ -362,11 +362,14 @@ func (e *idEnv) api(t *testing.T, method, path, token string, body any, header .
 type decision struct {
 	Status    int
 	Verdict   string
-	Code      string
-	Reason    string
+	Code      string // the decision's code: for a concealed refusal, the audit log's
+	Reason    string // likewise
 	Principal string // the refusal's execution_context.principal
 	Error     string // an API error's code (401, 403 identity_mismatch...)
 	Message   string
+	// Concealed is true when the answer was unknown_tool for a tool the
+	// caller cannot see (Code then comes from the audit log).
+	Concealed bool
 }
 
 func (e *idEnv) decide(t *testing.T, token string, body map[string]any, header ...string) decision {
@@ -380,9 +383,10 @@ func (e *idEnv) decide(t *testing.T, token string, body map[string]any, header .
 			Principal string `json:"principal"`
 		} `json:"execution_context"`
 		Decision struct {
-			Verdict string `json:"verdict"`
-			Code    string `json:"code"`
-			Reason  string `json:"reason"`
+			Verdict       string `json:"verdict"`
+			Code          string `json:"code"`
+			Reason        string `json:"reason"`
+			CorrelationID string `json:"correlation_id"`
 		} `json:"decision"`
 		Error struct {
 			Code    string `json:"code"`
@@ -395,6 +399,15 @@ func (e *idEnv) decide(t *testing.T, token string, body map[string]any, header .
 	d := decision{Status: status, Verdict: v.Verdict, Code: v.Code, Reason: v.Reason, Error: v.Error.Code, Message: v.Error.Message}
 	if v.Decision.Verdict != "" {
 		d.Verdict, d.Code, d.Reason, d.Principal = v.Decision.Verdict, v.Decision.Code, v.Decision.Reason, v.ExecutionContext.Principal
+	}
+	if d.Code == "unknown_tool" && v.Decision.CorrelationID != "" {
+		// A tool the caller cannot see is answered like one that does not
+		// exist; what was decided is in the audit log.
+		for _, ev := range e.events(t) {
+			if ev.CorrelationID == v.Decision.CorrelationID && ev.EventType == "agent.tool.unauthorized" {
+				d.Code, d.Reason, d.Concealed = ev.Code, ev.Reason, true
+			}
+		}
 	}
 	return d
 }
@@ -537,6 +550,11 @@ func TestIdentityWyrdTable(t *testing.T) {
 			d := e.decide(t, tc.token, map[string]any{"tool": "bifrost.query", "resources": ticketsRead})
 			if d.Status != tc.status || d.Code != tc.code {
 				t.Errorf("decide: status %d code %s (%s %s), want %d %s", d.Status, d.Code, d.Reason, d.Message, tc.status, tc.code)
+			}
+			// A caller without the invoke grant cannot see the tool: the
+			// answer is unknown_tool, the audit log says why.
+			if want := tc.code == "rbac_tool_invoke"; d.Concealed != want {
+				t.Errorf("decide: answered as an unknown tool: %v, want %v (%s)", d.Concealed, want, d.Reason)
 			}
 			if d.Status == 403 && d.Principal != tc.principal {
 				t.Errorf("the refusal ran as %q, want %q", d.Principal, tc.principal)

@@ -44,6 +44,7 @@ import (
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/metrics"
 )
@@ -350,8 +351,64 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s.g.Disclose(id).Resolution)
+	res := s.g.Disclose(id).Resolution
+	if _, ok := authenticated(r); ok && !s.g.Snapshot().HoldsAll(id.Principal, "audit", "read") {
+		res = disclosedOnly(res)
+	}
+	writeJSON(w, http.StatusOK, res)
 	return nil
+}
+
+// disclosedOnly is a resolution cut down to what its caller may see: the
+// disclosed tools, and nothing of the others (not even that they exist or
+// which layer removed them), as tools/list shows it. Callers holding
+// audit:read, who can read every decision in the audit log anyway, get the
+// whole resolution.
+func disclosedOnly(res authz.Resolution) authz.Resolution {
+	shown := make(map[string]bool, len(res.Disclosed))
+	for _, t := range res.Disclosed {
+		shown[t] = true
+	}
+	keep := func(ids []string) []string {
+		out := []string{}
+		for _, t := range ids {
+			if shown[t] {
+				out = append(out, t)
+			}
+		}
+		return out
+	}
+	res.ActiveToolSet, res.Authorized = keep(res.ActiveToolSet), keep(res.Authorized)
+	res.Removed = []authz.Removal{}
+	tools := []authz.ToolStatus{}
+	for _, t := range res.Tools {
+		if shown[t.ToolID] {
+			tools = append(tools, t)
+		}
+	}
+	res.Tools = tools
+	return res
+}
+
+// conceal answers a refusal of a tool the authenticated caller cannot see
+// exactly as a refusal of a tool that does not exist (no existence oracle,
+// as on /mcp): code unknown_tool, no tool id, no ceiling. The audit log
+// keeps the real decision. Callers holding audit:read, and requests
+// without authentication (a local operator naming the identity), get the
+// decision as it is.
+func (s *server) conceal(r *http.Request, id gate.Identity, name string, d toolgate.Decision) toolgate.Decision {
+	if _, ok := authenticated(r); !ok || d.Verdict != toolgate.Deny {
+		return d
+	}
+	if d.ToolID != "" && s.g.Disclose(id).Disclosed[d.ToolID] {
+		return d
+	}
+	if s.g.Snapshot().HoldsAll(id.Principal, "audit", "read") {
+		return d
+	}
+	return toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeUnknownTool, Layer: toolgate.LayerComposition,
+		ToolName: name, EventType: d.EventType,
+		Reason: fmt.Sprintf("composition layer: %q is not a tool this caller can call; POST /v1/resolve lists the tools it can", name)}
 }
 
 // caller is the identity a decide or call request acts as: the
@@ -386,7 +443,7 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	out := s.g.AuthorizeInspected(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
 		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via})
 	s.o.Metrics.Decision(Via, out.Decision, time.Since(start))
-	d := out.Decision
+	d := s.conceal(r, id, req.Tool, out.Decision)
 	resp := DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
 		ToolID: d.ToolID, EventType: string(d.EventType), ApprovalID: out.ApprovalID, ApprovalExpiresAt: out.ApprovalExpires,
 		CorrelationID: out.CorrelationID}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
@@ -45,6 +46,8 @@ var tokens = map[string]gate.Identity{
 	"bob":   {Principal: "user:bob", AgentID: "triage"},
 	"carol": {Principal: "user:carol", AgentID: "triage"},
 	"alice": {Principal: "user:alice", AgentID: "mkt-agt-001", InstanceID: "acme", Environment: "staging"},
+	// lead holds audit:read: it sees whole resolutions and real codes.
+	"lead": {Principal: "user:lead", AgentID: "mkt-agt-001", InstanceID: "acme", Environment: "staging"},
 }
 
 func identify(r *http.Request) (gate.Identity, error) {
@@ -489,11 +492,38 @@ func TestIdentify(t *testing.T) {
 			}
 		})
 	}
-	// The resolution is the identity's, instance and environment included.
+	// The resolution is the identity's, instance and environment included,
+	// cut down to the tools it may see: nothing of the others, not even
+	// which layer removed them.
 	r := e.do("POST", "/v1/resolve", "alice", map[string]any{})
 	got := decode[authz.Resolution](t, r)
-	want := e.snap.Resolve(tokens["alice"].Context())
-	if diff := cmp.Diff(want, got); diff != "" {
+	full := e.snap.Resolve(tokens["alice"].Context())
+	if len(full.Removed) == 0 {
+		t.Fatal("the fixture removes no tool for alice; the test needs one")
+	}
+	want := full
+	want.ActiveToolSet, want.Authorized, want.Removed = nil, nil, []authz.Removal{}
+	want.Tools = nil
+	shown := map[string]bool{}
+	for _, id := range full.Disclosed {
+		shown[id] = true
+	}
+	for _, id := range full.ActiveToolSet {
+		if shown[id] {
+			want.ActiveToolSet = append(want.ActiveToolSet, id)
+		}
+	}
+	for _, id := range full.Authorized {
+		if shown[id] {
+			want.Authorized = append(want.Authorized, id)
+		}
+	}
+	for _, ts := range full.Tools {
+		if shown[ts.ToolID] {
+			want.Tools = append(want.Tools, ts)
+		}
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
 		t.Errorf("resolution (-want +got):\n%s", diff)
 	}
 	// Two decisions reached the gate, both as bob.
@@ -716,5 +746,69 @@ func TestClassify(t *testing.T) {
 				t.Errorf("internal error detail leaks to the client: %q", got.Message)
 			}
 		})
+	}
+}
+
+// TestHiddenToolsLookUnknown: over the JSON API, as over MCP, a caller
+// learns nothing of a tool it cannot see: /v1/decide and /v1/tools/call
+// answer it exactly like a tool that does not exist, and /v1/resolve lists
+// only the disclosed tools. The audit log keeps the real decision, and a
+// principal holding audit:read (who can read that log) gets it as it is.
+func TestHiddenToolsLookUnknown(t *testing.T) {
+	e := newEnv(t, func(o *httpapi.Options) { o.Identify = identify })
+	full := e.snap.Resolve(tokens["alice"].Context())
+	if len(full.Removed) == 0 || full.Removed[0].ToolID == "" {
+		t.Fatalf("the fixture removes no tool for alice: %+v", full.Removed)
+	}
+	hidden := full.Removed[0]
+	name := hidden.ToolID // any spelling: the id itself
+	answer := func(token, path, tool string) (int, httpapi.DecisionResponse) {
+		t.Helper()
+		body := map[string]any{"tool": tool, "args": map[string]any{}}
+		if path == "/v1/tools/call" {
+			body = map[string]any{"tool": tool, "arguments": map[string]any{}}
+		}
+		r := e.do("POST", path, token, body)
+		var env struct {
+			httpapi.DecisionResponse
+			Decision httpapi.DecisionResponse `json:"decision"`
+		}
+		if err := json.Unmarshal(r.body, &env); err != nil {
+			t.Fatalf("%s: %s", path, r.body)
+		}
+		if env.Decision.Code != "" {
+			return r.status, env.Decision
+		}
+		return r.status, env.DecisionResponse
+	}
+	for _, path := range []string{"/v1/decide", "/v1/tools/call"} {
+		hs, hd := answer("alice", path, name)
+		us, ud := answer("alice", path, "tool:no-such-tool")
+		if hd.Code != "unknown_tool" || hd.ToolID != "" || hs != us || ud.Code != "unknown_tool" {
+			t.Errorf("%s: hidden %d %+v; unknown %d %+v; want both unknown_tool with no tool id", path, hs, hd, us, ud)
+		}
+		if strings.ReplaceAll(hd.Reason, name, "X") != strings.ReplaceAll(ud.Reason, "tool:no-such-tool", "X") {
+			t.Errorf("%s: the reasons differ beyond the name: %q vs %q", path, hd.Reason, ud.Reason)
+		}
+		if _, ld := answer("lead", path, name); ld.Code == "unknown_tool" || ld.ToolID != hidden.ToolID {
+			t.Errorf("%s: an auditor got %+v, want the real decision", path, ld)
+		}
+	}
+	// The audit log has what was decided for alice.
+	var codes []string
+	for _, ev := range e.events() {
+		if ev.Principal == "user:alice" && ev.ToolName == name {
+			codes = append(codes, ev.Code)
+		}
+	}
+	if len(codes) != 2 || codes[0] != string(hidden.Code) || codes[1] != string(hidden.Code) {
+		t.Errorf("audit codes %v, want %s twice", codes, hidden.Code)
+	}
+	// /v1/resolve: the auditor gets the whole resolution.
+	if got := decode[authz.Resolution](t, e.do("POST", "/v1/resolve", "lead", map[string]any{})); len(got.Removed) == 0 {
+		t.Errorf("an auditor's resolution lists no removed tool")
+	}
+	if got := decode[authz.Resolution](t, e.do("POST", "/v1/resolve", "alice", map[string]any{})); len(got.Removed) != 0 {
+		t.Errorf("alice's resolution names removed tools: %+v", got.Removed)
 	}
 }

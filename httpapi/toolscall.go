@@ -100,7 +100,7 @@ func (s *server) toolsCall(w http.ResponseWriter, r *http.Request) error {
 	out, cr := s.g.Call(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Arguments,
 		CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via})
 	s.o.Metrics.Decision(Via, out.Decision, time.Since(start))
-	d := out.Decision
+	d := s.conceal(r, id, req.Tool, out.Decision)
 	resp := ToolsCallResponse{
 		Status: "failure",
 		Decision: DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,

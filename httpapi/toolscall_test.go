@@ -161,7 +161,14 @@ func TestToolsCall(t *testing.T) {
 					t.Errorf("context %+v", r.ExecutionContext)
 				}
 			}},
-		{"malformed name", map[string]any{"tool": "SQL.Query", "arguments": map[string]any{}}, 403, "failure", "malformed_call", nil},
+		// A name the caller was not shown is answered like an unknown tool
+		// (the audit log has malformed_call).
+		{"malformed name", map[string]any{"tool": "SQL.Query", "arguments": map[string]any{}}, 403, "failure", "unknown_tool",
+			func(t *testing.T, r httpapi.ToolsCallResponse) {
+				if r.Decision.ToolID != "" || !strings.Contains(r.Decision.Reason, `"SQL.Query" is not a tool this caller can call`) {
+					t.Errorf("decision %+v", r.Decision)
+				}
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := e.do("POST", "/v1/tools/call", "analyst", tc.body)
