@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
@@ -199,5 +200,53 @@ func TestDelegatedApproval(t *testing.T) {
 	if diff := cmp.Diff([]string{"agent.tool.approval_requested", "agent.tool.approval_decision_refused", "agent.tool.approval_decision_refused",
 		"agent.tool.approval_granted", "agent.tool.authorized"}, seen); diff != "" {
 		t.Errorf("delegated call events (-want +got):\n%s", diff)
+	}
+}
+
+// TestRepeatedCallReusesPendingApproval: asking the same call again while
+// its approval is pending gets that approval (the approvers' queue does not
+// grow with repeats); other arguments get their own; once the approval is
+// used, the next repeat asks anew.
+func TestRepeatedCallReusesPendingApproval(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "tg.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	g := gate.New(compile(t, delegationBundle), &gate.Options{Approvals: st})
+	id := gate.Identity{Principal: "user:owner", AgentID: "scheduler"}
+	call := func(args string) gate.Outcome {
+		t.Helper()
+		return g.Authorize(ctx, gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(args), Via: "test"})
+	}
+	first := call(`{"path":"a"}`)
+	if first.Decision.Verdict != toolgate.RequireApproval || first.ApprovalID == "" {
+		t.Fatalf("first call: %+v", first.Decision)
+	}
+	for i := 0; i < 5; i++ {
+		if again := call(`{ "path" : "a" }`); again.ApprovalID != first.ApprovalID || again.ApprovalExpires != first.ApprovalExpires {
+			t.Fatalf("repeat %d: approval %s, want %s", i, again.ApprovalID, first.ApprovalID)
+		}
+	}
+	other := call(`{"path":"b"}`)
+	if other.ApprovalID == "" || other.ApprovalID == first.ApprovalID {
+		t.Errorf("other arguments: approval %q", other.ApprovalID)
+	}
+	pending, err := st.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != 2 {
+		t.Errorf("%d pending approvals, want 2", len(pending))
+	}
+	if _, err := g.DecideApproval(ctx, first.ApprovalID, true, "user:lead", "ok", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if ran := call(`{"path":"a"}`); ran.Decision.Verdict != toolgate.Allow || ran.ApprovalID != first.ApprovalID {
+		t.Fatalf("approved call: %+v", ran.Decision)
+	}
+	if next := call(`{"path":"a"}`); next.Decision.Verdict != toolgate.RequireApproval || next.ApprovalID == first.ApprovalID {
+		t.Errorf("after the approval was used: %+v (approval %s)", next.Decision, next.ApprovalID)
 	}
 }

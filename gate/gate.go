@@ -297,6 +297,19 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 		// The policy changed since: the approval is spent, the new decision stands.
 		return ad
 	}
+	// The same call asked again while its approval is pending gets that
+	// approval, not another: repeating a call cannot flood the approvers.
+	if pending, err := store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}, BindingDigest: b.Digest()}); err != nil {
+		g.log.Error("list pending approvals", "err", err)
+	} else {
+		for _, a := range pending {
+			if a.ExpiresAt.After(now) {
+				out.ApprovalID, out.ApprovalExpires = a.ID, a.ExpiresAt
+				d.Reason = fmt.Sprintf("%s; approval %s is pending until %s", d.Reason, a.ID, a.ExpiresAt.Format(time.RFC3339))
+				return d
+			}
+		}
+	}
 	ttl := g.opts.ApprovalTTL
 	if ttl == 0 {
 		ttl = snap.Settings().ApprovalTTL.D()
