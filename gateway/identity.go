@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
 	"sync"
 
@@ -112,6 +110,7 @@ func (gw *Gateway) delegationsHandler() http.Handler {
 func (gw *Gateway) mintHTTP(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
+		w.Header().Set("Connection", "close") // the body stays unread
 		return &httpapi.Error{Status: http.StatusMethodNotAllowed, Code: "method_not_allowed",
 			Message: r.Method + " " + r.URL.Path + " is not allowed; use POST"}
 	}
@@ -119,31 +118,20 @@ func (gw *Gateway) mintHTTP(w http.ResponseWriter, r *http.Request) error {
 	if cred == "" {
 		// Not the anonymous identity: a token minted without a credential
 		// would outlive Settings.anonymous being turned off.
+		w.Header().Set("Connection", "close") // the body stays unread
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
 		return &httpapi.Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
 			Message: "unauthenticated: minting a delegation token needs the delegator's own credential (Authorization: Bearer ...)"}
 	}
 	caller, err := gw.Proxy.Identities().Identify(cred)
 	if err != nil {
+		w.Header().Set("Connection", "close")
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
 		return &httpapi.Error{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "unauthenticated: " + err.Error(), Err: err}
 	}
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return &httpapi.Error{Status: http.StatusUnsupportedMediaType, Code: "unsupported_media_type",
-			Message: "the request body must be JSON sent with Content-Type: application/json"}
-	}
 	var body identity.DelegationRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, httpapi.MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return err
-		}
-		return &httpapi.Error{Status: http.StatusBadRequest, Code: "malformed_json", Message: "the body is not a delegation request: " + err.Error(), Err: err}
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return &httpapi.Error{Status: http.StatusBadRequest, Code: "malformed_json", Message: "the request body holds more than one JSON value; send exactly one object"}
+	if err := httpapi.DecodeJSON(w, r, &body); err != nil {
+		return err
 	}
 	auth, ok := gw.authenticator()
 	if !ok {

@@ -1,14 +1,17 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
+	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/approval"
@@ -135,18 +138,42 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v) // the client went away; nothing to do
 }
 
+// BodyReadTimeout bounds reading one request body; a slower one gets 408
+// and the connection is closed.
+var BodyReadTimeout = 30 * time.Second
+
+// DecodeJSON is decodeJSON for handlers outside this package (a body is
+// required): the same limits, deadline and errors (*Error).
+func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) error { return decodeJSON(w, r, v, false) }
+
 // decodeJSON reads r's body, at most MaxBodyBytes, into v: exactly one JSON
 // value, no unknown fields, Content-Type application/json. With
 // emptyOK, an empty body leaves v as it is.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any, emptyOK bool) error {
+	if emptyOK && r.ContentLength == 0 {
+		return nil // no body at all: nothing to decode, whatever the Content-Type
+	}
 	ct := r.Header.Get("Content-Type")
 	mt, _, err := mime.ParseMediaType(ct)
 	if err != nil || mt != "application/json" {
+		w.Header().Set("Connection", "close") // the body stays unread
 		return apiError(http.StatusUnsupportedMediaType, "unsupported_media_type",
 			"the request body must be JSON sent with Content-Type: application/json (got %q)", ct)
 	}
-	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
-	dec := json.NewDecoder(body)
+	// A slow body cannot hold the connection: BodyReadTimeout for all of it.
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(BodyReadTimeout))
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	rc.SetReadDeadline(time.Time{})
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			w.Header().Set("Connection", "close")
+			return apiError(http.StatusRequestTimeout, "body_timeout", "the request body did not arrive within %s", BodyReadTimeout)
+		}
+		return decodeError(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		if errors.Is(err, io.EOF) && emptyOK {

@@ -256,11 +256,13 @@ func (s *server) serve(w http.ResponseWriter, r *http.Request, method string, au
 			allow += ", " + http.MethodHead
 		}
 		w.Header().Set("Allow", allow)
+		w.Header().Set("Connection", "close") // the body stays unread
 		return apiError(http.StatusMethodNotAllowed, "method_not_allowed", "%s %s is not allowed; use %s", r.Method, r.URL.Path, method)
 	}
 	if auth && s.o.Identify != nil {
 		id, err := s.o.Identify(r)
 		if err != nil {
+			w.Header().Set("Connection", "close") // the body stays unread
 			var ae *Error
 			if errors.As(err, &ae) {
 				return ae

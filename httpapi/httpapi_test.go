@@ -1,11 +1,14 @@
 package httpapi_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -572,6 +575,7 @@ func TestApprovalFlow(t *testing.T) {
 		{"the requester cannot approve", "bob", "/v1/approvals/" + first + "/approve", map[string]any{"reason": "mine"}, 403, "self_approval", ""},
 		{"unknown field in the reason", "carol", "/v1/approvals/" + first + "/approve", map[string]any{"why": "x"}, 400, "unknown_field", ""},
 		{"unknown approval", "carol", "/v1/approvals/apr_NOPE/approve", map[string]any{}, 404, "not_found", ""},
+		{"no body at all (the reason is optional)", "carol", "/v1/approvals/apr_NOPE/approve", nil, 404, "not_found", ""},
 		{"carol approves", "carol", "/v1/approvals/" + first + "/approve", map[string]any{"reason": "refund ok"}, 200, "", approval.StatusApproved},
 		{"approved twice", "carol", "/v1/approvals/" + first + "/deny", map[string]any{}, 409, "approval_not_pending", ""},
 	}
@@ -810,5 +814,35 @@ func TestHiddenToolsLookUnknown(t *testing.T) {
 	}
 	if got := decode[authz.Resolution](t, e.do("POST", "/v1/resolve", "alice", map[string]any{})); len(got.Removed) != 0 {
 		t.Errorf("alice's resolution names removed tools: %+v", got.Removed)
+	}
+}
+
+// TestSlowBodies: a client cannot hold a connection by sending its body
+// slowly or never: without a credential it gets 401 at once (the body
+// unread, the connection closed); with one, a body that does not arrive
+// within BodyReadTimeout gets 408.
+func TestSlowBodies(t *testing.T) {
+	defer func(d time.Duration) { httpapi.BodyReadTimeout = d }(httpapi.BodyReadTimeout)
+	httpapi.BodyReadTimeout = 500 * time.Millisecond
+	e := newEnv(t, func(o *httpapi.Options) { o.Identify = identify })
+	host := strings.TrimPrefix(e.srv.URL, "http://")
+	for _, tc := range []struct{ name, auth, status string }{
+		{"no credential", "", "401"},
+		{"a credential", "Authorization: Bearer bob\r\n", "408"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			fmt.Fprintf(conn, "POST /v1/decide HTTP/1.1\r\nHost: %s\r\n%sContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{", host, tc.auth)
+			conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			start := time.Now()
+			line, err := bufio.NewReader(conn).ReadString('\n')
+			if err != nil || !strings.Contains(line, " "+tc.status+" ") {
+				t.Fatalf("after %v: %q %v, want HTTP %s", time.Since(start), line, err, tc.status)
+			}
+		})
 	}
 }

@@ -494,3 +494,41 @@ func TestFastPathForeignRequestsKeepNoSessionAlive(t *testing.T) {
 		t.Errorf("a's session, idle 3.2 s with a 1 s timeout: HTTP %d %.200s, want 404", resp.StatusCode, body)
 	}
 }
+
+// TestSlowBodies: a client cannot hold a connection by sending its body
+// slowly or never. Without a credential it gets 401 at once (the body
+// unread, the connection closed); with one, a body that does not arrive
+// within BodyReadTimeout gets 408.
+func TestSlowBodies(t *testing.T) {
+	defer func(d time.Duration) { BodyReadTimeout = d }(BodyReadTimeout)
+	BodyReadTimeout = 500 * time.Millisecond
+	ev := testenv.StartEverythingServer(t, "")
+	url, _ := serveProxyT(t, bundleFor(evUpstream(ev.URL)), 5*time.Second)
+	host := strings.TrimPrefix(url, "http://")
+	for _, tc := range []struct {
+		name, auth string
+		status     string
+	}{
+		{"no credential", "", "401"},
+		{"a credential", "Authorization: Bearer " + testKeys[0] + "\r\n", "408"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			// 100 000 bytes announced, one sent.
+			fmt.Fprintf(conn, "POST / HTTP/1.1\r\nHost: %s\r\n%sContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 100000\r\n\r\n{", host, tc.auth)
+			conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			start := time.Now()
+			line, err := bufio.NewReader(conn).ReadString('\n')
+			if err != nil || !strings.Contains(line, " "+tc.status+" ") {
+				t.Fatalf("after %v: %q %v, want HTTP %s", time.Since(start), line, err, tc.status)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("answered after %v", d)
+			}
+		})
+	}
+}

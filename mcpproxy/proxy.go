@@ -45,6 +45,10 @@ import (
 // MaxBodyBytes bounds one request body; larger ones get 413.
 const MaxBodyBytes = 4 << 20
 
+// BodyReadTimeout bounds reading one request body; a slower one gets 408
+// and the connection is closed.
+var BodyReadTimeout = 30 * time.Second
+
 // Observer receives measurements; nil methods are fine to leave out.
 type Observer interface {
 	Decision(via string, d toolgate.Decision, took time.Duration)
@@ -270,11 +274,15 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ids := p.ids.Load()
 		if msg := ids.checkOrigin(r); msg != "" {
+			// The body is not read: close the connection rather than let
+			// net/http wait for it (a client could send it never).
+			w.Header().Set("Connection", "close")
 			writeRPCError(w, http.StatusForbidden, jsonrpc.CodeInvalidRequest, msg)
 			return
 		}
 		ident, err := ids.Identify(r.Header.Get("Authorization"))
 		if err != nil {
+			w.Header().Set("Connection", "close")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
 			writeRPCError(w, http.StatusUnauthorized, jsonrpc.CodeInvalidRequest, err.Error())
 			return
@@ -283,11 +291,22 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 		done := p.begin(sid, r.Header.Get("Authorization"))
 		defer done()
 		if r.Method == http.MethodPost {
+			// A slow body cannot hold the connection: BodyReadTimeout for the
+			// whole body, then no deadline (a response stream may be long).
+			rc := http.NewResponseController(w)
+			rc.SetReadDeadline(time.Now().Add(BodyReadTimeout))
 			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+			rc.SetReadDeadline(time.Time{})
 			if err != nil {
 				var tooBig *http.MaxBytesError
 				if errors.As(err, &tooBig) {
 					writeRPCError(w, http.StatusRequestEntityTooLarge, jsonrpc.CodeInvalidRequest, fmt.Sprintf("request body is larger than %d bytes", MaxBodyBytes))
+					return
+				}
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					w.Header().Set("Connection", "close")
+					writeRPCError(w, http.StatusRequestTimeout, jsonrpc.CodeInvalidRequest, fmt.Sprintf("the request body did not arrive within %s", BodyReadTimeout))
 					return
 				}
 				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeParseError, "could not read the request body: "+err.Error())
