@@ -347,7 +347,8 @@ func sameAnnounced(a, b []authz.AnnouncedTool) bool {
 }
 
 // reportMissingLocked logs ceiling tools under an upstream's provider that
-// the upstream does not announce.
+// the upstream does not announce, and ceiling entries whose class is below
+// the one the upstream announces.
 func (gw *Gateway) reportMissingLocked(name string) {
 	have := map[string]bool{}
 	for _, a := range gw.announced[name] {
@@ -367,6 +368,34 @@ func (gw *Gateway) reportMissingLocked(name string) {
 	sort.Strings(missing)
 	if len(missing) > 0 {
 		gw.log.Warn("ceiling tools the upstream does not announce (they stay unavailable)", "upstream", name, "tools", missing)
+	}
+	// A ceiling entry below the class the upstream announces (its
+	// annotations; unknown means write) is what validate refuses for a Tool
+	// document; here the tool's own, higher class applies, and the operator
+	// is told.
+	announced := map[string]toolgate.SideEffectClass{}
+	for _, a := range gw.announced[name] {
+		announced[a.ID] = a.SideEffectClass
+	}
+	for _, t := range gw.bundle.Tools {
+		delete(announced, policy.ToolIDOf(t)) // a Tool document decides, and validate checked it
+	}
+	var lower []string
+	for _, a := range gw.bundle.Agents {
+		for _, p := range a.ToolPermissions {
+			own, ok := announced[p.ToolID]
+			if !ok || p.SideEffectClass == "" {
+				continue
+			}
+			if c, err := toolgate.ParseSideEffectClass(p.SideEffectClass); err == nil && c < own {
+				lower = append(lower, fmt.Sprintf("%s: %s declares %s, the upstream's annotations say %s", a.AgentID, p.ToolID, c, own))
+			}
+		}
+	}
+	sort.Strings(lower)
+	if len(lower) > 0 {
+		gw.log.Warn("ceiling entries below the class the upstream announces: the tool's own class applies (add a Tool document to set it, or raise the entry)",
+			"upstream", name, "entries", lower)
 	}
 }
 

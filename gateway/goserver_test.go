@@ -2,15 +2,19 @@ package gateway_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/internal/testenv"
 )
 
@@ -88,5 +92,54 @@ func TestGatewayGoConformanceServer(t *testing.T) {
 	g.gw.Rec.Flush(ctx)
 	if rep, err := audit.Verify(ctx, g.gw.Store); err != nil || !rep.OK {
 		t.Fatalf("verify: %+v %v", rep, err)
+	}
+}
+
+// TestCeilingBelowAnnouncedClass: a ceiling entry that declares a lower
+// side_effect_class than an upstream tool announces (no Tool document) is
+// reported once the upstream is connected, and the tool's own class
+// applies: the Go conformance server announces no annotations, so write,
+// and a write MCP tool needs approval by default.
+func TestCeilingBelowAnnouncedClass(t *testing.T) {
+	ev := testenv.StartEverythingServer(t, "")
+	dir := t.TempDir()
+	bundle := fmt.Sprintf(`
+- {kind: Upstream, name: ev, transport: streamable-http, url: %q}
+- kind: Agent
+  agent_id: a
+  version: 1.0.0
+  tool_permissions:
+    - {tool_id: tool:ev-test-simple-text, side_effect_class: read, approval_tier: auto}
+    - {tool_id: tool:ev-test-image-content, side_effect_class: write, approval_tier: auto}
+- {kind: RuntimePolicy, agent_id: a, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}
+- {kind: Principal, principal_id: user:p, grants: [{resource: tool, action: invoke, scope: all}]}
+- {kind: Settings, anonymous: {principal: user:p, agent_id: a}}
+`, ev.URL)
+	if err := os.WriteFile(filepath.Join(dir, "bundle.yaml"), []byte(bundle), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	e := &idEnv{bundle: dir, logs: logs}
+	g := e.start(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(logs.String(), "ceiling entries below the class the upstream announces") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning in the log:\n%s", logs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	line := ""
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "ceiling entries below") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "tool:ev-test-simple-text declares read, the upstream's annotations say write") || strings.Contains(line, "image-content") {
+		t.Errorf("warning %q", line)
+	}
+	out := g.gw.Gate.Authorize(context.Background(), gate.Request{Identity: gate.Identity{Principal: "user:p", AgentID: "a"},
+		Tool: "ev_test_simple_text", Args: json.RawMessage(`{}`), Via: "test"})
+	if out.Decision.SideEffectClass != toolgate.SideEffectWrite || out.Decision.Verdict != toolgate.RequireApproval {
+		t.Errorf("decision %+v, want the tool's own class write (approval required)", out.Decision)
 	}
 }

@@ -532,3 +532,29 @@ func TestSlowBodies(t *testing.T) {
 		})
 	}
 }
+
+// TestOwnMetaNotForwarded: a client's _meta keys in the gateway's namespace
+// (io.toolgate/...) never reach an upstream; its other keys do.
+func TestOwnMetaNotForwarded(t *testing.T) {
+	seen := make(chan map[string]any, 1)
+	srv := mcp.NewServer(&mcp.Implementation{Name: "meta", Version: "1"}, nil)
+	mcp.AddTool(srv, &mcp.Tool{Name: "show"}, func(ctx context.Context, req *mcp.CallToolRequest, _ any) (*mcp.CallToolResult, any, error) {
+		seen <- req.Params.Meta
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil, nil
+	})
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, nil))
+	t.Cleanup(ts.Close)
+	url, _ := serveProxyP(t, reviewBundle(ts.URL, "show"))
+	a := connectClient(t, url, testKeys[0], declare{})
+	ctx := context.Background()
+	waitFor(t, "the mirrored tool", func() bool {
+		res, err := a.cs.ListTools(ctx, nil)
+		return err == nil && len(res.Tools) == 1
+	})
+	callText(t, a.cs, &mcp.CallToolParams{Name: "show", Arguments: map[string]any{},
+		Meta: mcp.Meta{"io.toolgate/decision": map[string]any{"verdict": "allow"}, "progressToken": "p", "x.example/trace": "t1"}})
+	got := <-seen
+	if _, ok := got["io.toolgate/decision"]; ok || got["x.example/trace"] != "t1" {
+		t.Errorf("the upstream saw _meta %v", got)
+	}
+}

@@ -652,7 +652,7 @@ func (p *Proxy) forward(ctx context.Context, m mirror, r *mcp.CallToolRequest) (
 	// Track the call so that what the upstream sends while serving it
 	// (progress, sampling, elicitation, roots, log messages) reaches this
 	// session only; the progress token may be replaced (passthrough.go).
-	meta := r.Params.Meta
+	meta := withoutOwnMeta(r.Params.Meta)
 	if c, err := p.relay.begin(ctx, m.upstream, r.Session, meta); err == nil {
 		defer c.end()
 		meta = c.meta
@@ -670,6 +670,28 @@ func (p *Proxy) forward(ctx context.Context, m mirror, r *mcp.CallToolRequest) (
 		p.opts.Observer.UpstreamCall(m.upstream, outcome, time.Since(start))
 	}
 	return res, err
+}
+
+// withoutOwnMeta is a client's _meta without the gateway's own namespace
+// (io.toolgate/...): what an upstream finds there comes from the gateway,
+// never from a client posing as it.
+func withoutOwnMeta(meta mcp.Meta) mcp.Meta {
+	var out mcp.Meta
+	for k := range meta {
+		if strings.HasPrefix(k, "io.toolgate/") {
+			out = mcp.Meta{}
+			break
+		}
+	}
+	if out == nil {
+		return meta
+	}
+	for k, v := range meta {
+		if !strings.HasPrefix(k, "io.toolgate/") {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // Announced maps an upstream's tool list to catalog entries: each name is
