@@ -113,6 +113,11 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		return fmt.Errorf("the bundle %s is invalid; run toolgate validate --bundle %s: %w", cfg.BundleDir, cfg.BundleDir, err)
 	}
 	for _, d := range rep.Warnings {
+		if d.Unchecked {
+			// Checked below once the upstream connects (reportMissingLocked).
+			log.Info("bundle note", "at", d.String())
+			continue
+		}
 		log.Warn("bundle warning", "at", d.String())
 	}
 	gw.bundle = b

@@ -16,6 +16,10 @@ type Diagnostic struct {
 	File    string `json:"file"`
 	Line    int    `json:"line"`
 	Message string `json:"message"`
+	// Unchecked marks a warning that only says something could not be
+	// checked without contacting an upstream; a running gateway checks it
+	// once the upstream is connected (and warns then if it is wrong).
+	Unchecked bool `json:"unchecked,omitempty"`
 }
 
 // String formats the diagnostic as "file:line: message".
@@ -73,6 +77,12 @@ func (r *Reporter) Errorf(pos Pos, format string, args ...any) {
 // Warnf adds a warning at pos.
 func (r *Reporter) Warnf(pos Pos, format string, args ...any) {
 	r.rep.Warnings = append(r.rep.Warnings, Diagnostic{File: pos.File, Line: pos.Line, Message: fmt.Sprintf(format, args...)})
+}
+
+// Uncheckedf adds a warning at pos that something cannot be checked
+// offline (Diagnostic.Unchecked).
+func (r *Reporter) Uncheckedf(pos Pos, format string, args ...any) {
+	r.rep.Warnings = append(r.rep.Warnings, Diagnostic{File: pos.File, Line: pos.Line, Message: fmt.Sprintf(format, args...), Unchecked: true})
 }
 
 // MaxDelegationDepth bounds a chain of delegated_from links.
@@ -259,7 +269,7 @@ func (v *validator) agents() {
 			t, known := v.tools_[p.ToolID]
 			if !known {
 				if prov := provider(p.ToolID); v.opts.UpstreamProviders[prov] {
-					v.r.Warnf(pos, "Agent %s: %s is unchecked: upstream %q will be asked for it when the gateway connects", a.AgentID, p.ToolID, prov)
+					v.r.Uncheckedf(pos, "Agent %s: %s is unchecked: upstream %q will be asked for it when the gateway connects", a.AgentID, p.ToolID, prov)
 				} else {
 					v.r.Errorf(pos, "Agent %s: unknown tool %s in tool_permissions (registration refused: declare a Tool %s or remove the entry)", a.AgentID, p.ToolID, p.ToolID)
 				}
