@@ -13,8 +13,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -43,35 +41,7 @@ import (
 
 // reviewBundle: upstream "ev" at url, the agent's ceiling holds exactly tools
 // (upstream tool names), both test keys as in bundleFor.
-func reviewBundle(url string, tools ...string) string {
-	var ceiling strings.Builder
-	for _, name := range tools {
-		fmt.Fprintf(&ceiling, "    - {tool_id: tool:ev-%s, side_effect_class: write, approval_tier: auto}\n", strings.ReplaceAll(name, "_", "-"))
-	}
-	var creds strings.Builder
-	for i, k := range testKeys {
-		sum := sha256.Sum256([]byte(k))
-		fmt.Fprintf(&creds, "- kind: Credential\n  name: client-%d\n  api_key_sha256: %s\n  principal: user:t\n  agent_id: t\n  deployment_mode: production\n",
-			i, hex.EncodeToString(sum[:]))
-	}
-	return evUpstream(url) + `
-- kind: Agent
-  agent_id: t
-  version: 1.0.0
-  runtime_engine: go
-  tool_permissions:
-` + ceiling.String() + `
-- kind: RuntimePolicy
-  agent_id: t
-  deployment_mode: production
-  tool_authorization_policy:
-    active_tool_set: all
-    mcp_tool_policy: {mcp_write_approval_required: false}
-- kind: Principal
-  principal_id: user:t
-  grants: [{resource: tool, action: invoke, scope: all}]
-` + creds.String()
-}
+func reviewBundle(url string, tools ...string) string { return agentBundle(evUpstream(url), tools, "") }
 
 // jsonResponseUpstream is a Go SDK server whose Streamable HTTP handler
 // answers with application/json (StreamableHTTPOptions.JSONResponse), so it

@@ -32,15 +32,25 @@ var testKeys = []string{"key-a", "key-b"}
 // ceiling is every tool of the everything-server (upstream "ev"), and two
 // credentials.
 func bundleFor(upstreams string) string {
-	var ceiling strings.Builder
-	for _, name := range []string{"test_simple_text", "test_sampling", "test_elicitation", "test_tool_with_progress",
-		"test_tool_with_logging", "test_image_content", "test_input_required_result_list_roots"} {
-		fmt.Fprintf(&ceiling, "    - {tool_id: tool:ev-%s, side_effect_class: write, approval_tier: auto}\n", strings.ReplaceAll(name, "_", "-"))
-	}
+	tools := []string{"test_simple_text", "test_sampling", "test_elicitation", "test_tool_with_progress",
+		"test_tool_with_logging", "test_image_content", "test_input_required_result_list_roots"}
+	extra := ""
 	if strings.Contains(upstreams, "name: npm") {
 		// Pass-through reaches an upstream only with one of its tools disclosed.
-		ceiling.WriteString("    - {tool_id: tool:npm-echo, side_effect_class: read, approval_tier: auto}\n")
+		extra = "    - {tool_id: tool:npm-echo, side_effect_class: read, approval_tier: auto}\n"
 	}
+	return agentBundle(upstreams, tools, extra)
+}
+
+// agentBundle is upstreams plus an agent whose ceiling holds the ev
+// upstream's tools (upstream tool names) and extra ceiling lines, a
+// principal that may invoke every tool, and a credential per test key.
+func agentBundle(upstreams string, evTools []string, extra string) string {
+	var ceiling strings.Builder
+	for _, name := range evTools {
+		fmt.Fprintf(&ceiling, "    - {tool_id: tool:ev-%s, side_effect_class: write, approval_tier: auto}\n", strings.ReplaceAll(name, "_", "-"))
+	}
+	ceiling.WriteString(extra)
 	var creds strings.Builder
 	for i, k := range testKeys {
 		sum := sha256.Sum256([]byte(k))
