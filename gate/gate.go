@@ -146,6 +146,18 @@ func (g *Gate) Disclose(id Identity) *Disclosure {
 	return d
 }
 
+// Visible reports whether name (any spelling of a tool id) is a tool the
+// identity is shown: one in its disclosed set (Disclose), as tools/list
+// lists it. It decides at the tool level only and records nothing. An
+// enforcement point answers a call of a tool that is not visible exactly
+// like one of a tool that does not exist, and decides it with Refuse.
+func (g *Gate) Visible(id Identity, name string) bool {
+	snap := g.Snapshot()
+	d := g.decide(snap, &toolgate.Call{AgentID: id.AgentID, DeploymentMode: id.DeploymentMode, InstanceID: id.InstanceID,
+		Environment: id.Environment, Principal: id.Principal, Tool: name, ToolLevel: true}, id)
+	return d.ToolID != "" && g.Disclose(id).Disclosed[d.ToolID]
+}
+
 // Request is one tool call arriving at an enforcement point.
 type Request struct {
 	Identity

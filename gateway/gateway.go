@@ -190,7 +190,12 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// Headers must arrive within 10 s, a kept-alive connection idles at most
+	// 2 min, a body not read to its end cannot hold a connection
+	// (ReleaseUnread), and bodies are read under a deadline where they are
+	// read (httpapi.BodyReadTimeout, mcpproxy.BodyReadTimeout); no
+	// ReadTimeout, which would cut long response streams.
+	srv := &http.Server{Handler: httpapi.ReleaseUnread(mux), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("toolgate serving", "mcp", "http://"+ln.Addr().String()+"/mcp", "bundle", cfg.BundleDir, "data", cfg.DataDir)

@@ -4,16 +4,21 @@ package gateway_test
 // gateway with the weakest key.
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/internal/testenv"
 )
 
 func do(t *testing.T, method, url, key string, hdr map[string]string, body string) (int, string) {
@@ -155,4 +160,41 @@ func TestReviewFindingsBuiltins(t *testing.T) {
 			t.Errorf("Path instead of path: %d %s", code, body)
 		}
 	})
+}
+
+// TestRefusalsReleaseTheConnection: a request that declares a body and
+// never sends it is answered at once and its connection closed, whatever
+// refuses it (no credential on /mcp or the JSON API, a wrong method, an
+// unknown route, a route that takes no body, a foreign Origin): no client
+// can hold connections and goroutines without a credential.
+func TestRefusalsReleaseTheConnection(t *testing.T) {
+	g := startGateway(t, filepath.Join(testenv.RepoRoot(t), "examples", "bundle"))
+	host := strings.TrimPrefix(strings.TrimSuffix(g.url, "/mcp"), "http://")
+	for _, tc := range []struct{ name, req, status string }{
+		{"401 on /mcp", "POST /mcp HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 1000\r\n\r\n{", "401"},
+		{"401 on the JSON API", "POST /v1/decide HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{", "401"},
+		{"405", "PUT /v1/decide HTTP/1.1\r\nHost: %s\r\nContent-Length: 1000\r\n\r\n{", "405"},
+		{"404", "POST /nope HTTP/1.1\r\nHost: %s\r\nContent-Length: 1000\r\n\r\n{", "404"},
+		{"healthz with a body", "GET /healthz HTTP/1.1\r\nHost: %s\r\nContent-Length: 1000\r\n\r\n{", "200"},
+		{"foreign Origin", "POST /mcp HTTP/1.1\r\nHost: %s\r\nOrigin: https://evil.example\r\nContent-Length: 1000\r\n\r\n{", "403"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			fmt.Fprintf(conn, tc.req, host)
+			conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+			br := bufio.NewReader(conn)
+			line, err := br.ReadString('\n')
+			if err != nil || !strings.Contains(line, " "+tc.status+" ") {
+				t.Fatalf("status line %q %v, want %s", line, err, tc.status)
+			}
+			// The server closes the connection: the rest reads to EOF.
+			if _, err := io.Copy(io.Discard, br); err != nil {
+				t.Errorf("the connection is still open after the answer: %v", err)
+			}
+		})
+	}
 }

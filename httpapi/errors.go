@@ -245,3 +245,38 @@ func typeName(kind string) string {
 	}
 	return "a " + kind
 }
+
+// ReleaseUnread wraps a handler so that a request whose body the handler
+// did not read to the end (a refusal before reading it, a route that takes
+// no body) cannot hold the connection: net/http would otherwise wait, with
+// no deadline, for up to 256 KiB of it before answering or closing. The
+// read deadline is set to now once the handler returns, so the connection
+// is answered and closed at once.
+func ReleaseUnread(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body := &eofReader{ReadCloser: r.Body}
+		r.Body = body
+		next.ServeHTTP(w, r)
+		if !body.eof {
+			http.NewResponseController(w).SetReadDeadline(time.Now())
+		}
+	})
+}
+
+// eofReader notes whether its reader reached the end.
+type eofReader struct {
+	io.ReadCloser
+	eof bool
+}
+
+func (e *eofReader) Read(p []byte) (int, error) {
+	n, err := e.ReadCloser.Read(p)
+	if err == io.EOF {
+		e.eof = true
+	}
+	return n, err
+}

@@ -392,24 +392,25 @@ func disclosedOnly(res authz.Resolution) authz.Resolution {
 	return res
 }
 
-// conceal answers a refusal of a tool the authenticated caller cannot see
-// exactly as a refusal of a tool that does not exist (no existence oracle,
-// as on /mcp): code unknown_tool, no tool id, no ceiling. The audit log
-// keeps the real decision. Callers holding audit:read, and requests
-// without authentication (a local operator naming the identity), get the
-// decision as it is.
-func (s *server) conceal(r *http.Request, id gate.Identity, name string, d toolgate.Decision) toolgate.Decision {
-	if _, ok := authenticated(r); !ok || d.Verdict != toolgate.Deny {
-		return d
+// hidden reports whether the caller must get, for a call of name, the
+// answer to a tool that does not exist (no existence oracle, as on /mcp):
+// an authenticated caller that is not shown the tool, unless it holds
+// audit:read (and can read every decision in the audit log anyway).
+// Requests without authentication (a local operator naming the identity)
+// see everything.
+func (s *server) hidden(r *http.Request, id gate.Identity, name string) bool {
+	if _, ok := authenticated(r); !ok {
+		return false
 	}
-	if d.ToolID != "" && s.g.Disclose(id).Disclosed[d.ToolID] {
-		return d
-	}
-	if s.g.Snapshot().HoldsAll(id.Principal, "audit", "read") {
-		return d
-	}
+	return !s.g.Visible(id, name) && !s.g.Snapshot().HoldsAll(id.Principal, "audit", "read")
+}
+
+// unknownTool is the decision a caller gets for a tool it cannot see, the
+// same as for a name that is no tool at all (the audit log keeps what was
+// really decided).
+func unknownTool(name string) toolgate.Decision {
 	return toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeUnknownTool, Layer: toolgate.LayerComposition,
-		ToolName: name, EventType: d.EventType,
+		ToolName: name, EventType: toolgate.EventUnauthorized,
 		Reason: fmt.Sprintf("composition layer: %q is not a tool this caller can call; POST /v1/resolve lists the tools it can", name)}
 }
 
@@ -442,10 +443,19 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	start := time.Now()
 	// The decision and its record complete even if the client goes away,
 	// so the audit log says what was decided, not that recording failed.
-	out := s.g.AuthorizeInspected(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
-		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via})
-	s.o.Metrics.Decision(Via, out.Decision, time.Since(start))
-	d := s.conceal(r, id, req.Tool, out.Decision)
+	greq := gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
+		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via}
+	var out gate.Outcome
+	d := unknownTool(req.Tool)
+	if s.hidden(r, id, req.Tool) {
+		// Decided and recorded as MCP does for a tool it never listed:
+		// no approval is created or used, nothing runs.
+		out = s.g.Refuse(context.WithoutCancel(r.Context()), greq)
+	} else {
+		out = s.g.AuthorizeInspected(context.WithoutCancel(r.Context()), greq)
+		d = out.Decision
+	}
+	s.o.Metrics.Decision(Via, d, time.Since(start))
 	resp := DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
 		ToolID: d.ToolID, EventType: string(d.EventType), ApprovalID: out.ApprovalID, ApprovalExpiresAt: out.ApprovalExpires,
 		CorrelationID: out.CorrelationID}

@@ -97,10 +97,22 @@ func (s *server) toolsCall(w http.ResponseWriter, r *http.Request) error {
 	start := time.Now()
 	// The call and its records complete even if the client goes away, so
 	// the audit log says what ran.
-	out, cr := s.g.Call(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Arguments,
-		CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via})
-	s.o.Metrics.Decision(Via, out.Decision, time.Since(start))
-	d := s.conceal(r, id, req.Tool, out.Decision)
+	greq := gate.Request{Identity: id, Tool: req.Tool, Args: req.Arguments,
+		CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via}
+	var (
+		out gate.Outcome
+		cr  gate.CallResult
+	)
+	d := unknownTool(req.Tool)
+	if s.hidden(r, id, req.Tool) {
+		// As MCP does for a tool it never listed: decided and recorded,
+		// no approval created or used, nothing run.
+		out = s.g.Refuse(context.WithoutCancel(r.Context()), greq)
+	} else {
+		out, cr = s.g.Call(context.WithoutCancel(r.Context()), greq)
+		d = out.Decision
+	}
+	s.o.Metrics.Decision(Via, d, time.Since(start))
 	resp := ToolsCallResponse{
 		Status: "failure",
 		Decision: DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,

@@ -546,7 +546,13 @@ func (p *Proxy) callTool(ctx context.Context, id gate.Identity, name string, arg
 	}
 	d := out.Decision
 	if p.opts.Observer != nil {
-		p.opts.Observer.Decision("mcp", d, time.Since(start)-cr.Duration)
+		observed := d
+		if !visible {
+			// Metrics are no oracle either: a hidden tool counts as an
+			// unknown one (the audit log has the real code).
+			observed = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeUnknownTool, Layer: toolgate.LayerComposition, ToolName: name}
+		}
+		p.opts.Observer.Decision("mcp", observed, time.Since(start)-cr.Duration)
 	}
 	if !visible {
 		// Hidden and unknown tools look the same to the caller.
