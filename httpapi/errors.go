@@ -144,7 +144,9 @@ var BodyReadTimeout = 30 * time.Second
 
 // DecodeJSON is decodeJSON for handlers outside this package (a body is
 // required): the same limits, deadline and errors (*Error).
-func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) error { return decodeJSON(w, r, v, false) }
+func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	return decodeJSON(w, r, v, false)
+}
 
 // decodeJSON reads r's body, at most MaxBodyBytes, into v: exactly one JSON
 // value, no unknown fields, Content-Type application/json. With
