@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -248,5 +250,39 @@ func TestRepeatedCallReusesPendingApproval(t *testing.T) {
 	}
 	if next := call(`{"path":"a"}`); next.Decision.Verdict != toolgate.RequireApproval || next.ApprovalID == first.ApprovalID {
 		t.Errorf("after the approval was used: %+v (approval %s)", next.Decision, next.ApprovalID)
+	}
+}
+
+// TestPendingApprovalsAreCapped: one requester cannot flood the approvers
+// by varying the arguments: past MaxPendingApprovals pending for an agent,
+// a call still needs approval but none is created; another requester is
+// not affected.
+func TestPendingApprovalsAreCapped(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "tg.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	g := gate.New(compile(t, delegationBundle), &gate.Options{Approvals: st})
+	owner := gate.Identity{Principal: "user:owner", AgentID: "scheduler"}
+	call := func(id gate.Identity, n int) gate.Outcome {
+		return g.Authorize(ctx, gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(fmt.Sprintf(`{"path":"f%d"}`, n)), Via: "test"})
+	}
+	for i := 0; i < gate.MaxPendingApprovals; i++ {
+		if out := call(owner, i); out.ApprovalID == "" {
+			t.Fatalf("call %d: no approval: %+v", i, out.Decision)
+		}
+	}
+	out := call(owner, gate.MaxPendingApprovals)
+	if out.Decision.Verdict != toolgate.RequireApproval || out.ApprovalID != "" || !strings.Contains(out.Decision.Reason, "not queued") {
+		t.Errorf("past the cap: %+v (approval %q)", out.Decision, out.ApprovalID)
+	}
+	// A delegate is another requester.
+	dlg := owner
+	dlg.Delegation = &gate.Delegation{ID: "dlg_x", Delegate: "svc:nightly",
+		Grants: []policy.Grant{{Resource: "tool", Action: "invoke", Scope: policy.Scope{Tool: "fs_write"}}}, ExpiresAt: time.Now().Add(time.Hour)}
+	if out := call(dlg, 0); out.ApprovalID == "" {
+		t.Errorf("another requester got no approval: %+v", out.Decision)
 	}
 }

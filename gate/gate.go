@@ -282,6 +282,11 @@ func (g *Gate) Refuse(ctx context.Context, req Request) Outcome {
 	return out
 }
 
+// MaxPendingApprovals is how many approvals one requester may have pending
+// for one agent at a time; a call past that still needs approval but is not
+// queued (so varying a call's arguments cannot flood the approvers).
+const MaxPendingApprovals = 50
+
 // approvalStep consumes a matching approval (turning the decision into an
 // allow) or creates a pending one.
 func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Call, snap *authz.Snapshot, d toolgate.Decision, out *Outcome) toolgate.Decision {
@@ -320,6 +325,20 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 				d.Reason = fmt.Sprintf("%s; approval %s is pending until %s", d.Reason, a.ID, a.ExpiresAt.Format(time.RFC3339))
 				return d
 			}
+		}
+	}
+	// Nor can varying the arguments: one requester (and agent) has at most
+	// MaxPendingApprovals waiting; past that the call is not queued.
+	if all, err := store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}}); err == nil {
+		n, who := 0, requestedBy(req.Identity)
+		for _, a := range all {
+			if a.RequestedBy == who && a.Binding.AgentID == req.AgentID && a.ExpiresAt.After(now) {
+				n++
+			}
+		}
+		if n >= MaxPendingApprovals {
+			d.Reason += fmt.Sprintf(" (not queued: %s already has %d approvals pending for agent %s, the most one requester may have; wait for them to be decided or to expire)", who, n, req.AgentID)
+			return d
 		}
 	}
 	ttl := g.opts.ApprovalTTL
