@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,10 +255,12 @@ func TestRepeatedCallReusesPendingApproval(t *testing.T) {
 	}
 }
 
-// TestPendingApprovalsAreCapped: one requester cannot flood the approvers
-// by varying the arguments: past MaxPendingApprovals pending for an agent,
-// a call still needs approval but none is created; another requester is
-// not affected.
+// TestPendingApprovalsAreCapped: nobody can flood the approvers by
+// varying a call's arguments or by minting delegates: past
+// MaxPendingApprovals pending for an agent's calls made with one
+// principal's authority, a call still needs approval but none is created,
+// whatever the delegate calls itself; another principal is not affected,
+// even when a delegate takes its name; concurrent calls do not slip past.
 func TestPendingApprovalsAreCapped(t *testing.T) {
 	ctx := context.Background()
 	st, err := sqlite.Open(filepath.Join(t.TempDir(), "tg.db"), nil)
@@ -264,25 +268,48 @@ func TestPendingApprovalsAreCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	g := gate.New(compile(t, delegationBundle), &gate.Options{Approvals: st})
+	g := gate.New(compile(t, delegationBundle+"- {kind: Principal, principal_id: user:other, roles: [invoker]}\n"), &gate.Options{Approvals: st})
 	owner := gate.Identity{Principal: "user:owner", AgentID: "scheduler"}
-	call := func(id gate.Identity, n int) gate.Outcome {
+	delegate := func(name string) gate.Identity {
+		id := owner
+		id.Delegation = &gate.Delegation{ID: "dlg_" + name, Delegate: name,
+			Grants: []policy.Grant{{Resource: "tool", Action: "invoke", Scope: policy.Scope{Tool: "fs_write"}}}, ExpiresAt: time.Now().Add(time.Hour)}
+		return id
+	}
+	var seq atomic.Int64
+	call := func(id gate.Identity) gate.Outcome {
+		n := seq.Add(1)
 		return g.Authorize(ctx, gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(fmt.Sprintf(`{"path":"f%d"}`, n)), Via: "test"})
 	}
-	for i := 0; i < gate.MaxPendingApprovals; i++ {
-		if out := call(owner, i); out.ApprovalID == "" {
-			t.Fatalf("call %d: no approval: %+v", i, out.Decision)
+	// Concurrent calls: the owner's own and its delegates' under many names.
+	var wg sync.WaitGroup
+	for i := 0; i < 4*gate.MaxPendingApprovals; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			id := owner
+			if i%2 == 1 {
+				id = delegate(fmt.Sprintf("svc:d%d", i))
+			}
+			call(id)
+		}(i)
+	}
+	wg.Wait()
+	pending, err := st.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != gate.MaxPendingApprovals {
+		t.Errorf("%d pending approvals, want %d", len(pending), gate.MaxPendingApprovals)
+	}
+	for _, id := range []gate.Identity{owner, delegate("svc:fresh"), delegate("user:other")} {
+		out := call(id)
+		if out.Decision.Verdict != toolgate.RequireApproval || out.ApprovalID != "" || !strings.Contains(out.Decision.Reason, "not queued") {
+			t.Errorf("past the cap (%+v): %+v (approval %q)", id.Delegation, out.Decision, out.ApprovalID)
 		}
 	}
-	out := call(owner, gate.MaxPendingApprovals)
-	if out.Decision.Verdict != toolgate.RequireApproval || out.ApprovalID != "" || !strings.Contains(out.Decision.Reason, "not queued") {
-		t.Errorf("past the cap: %+v (approval %q)", out.Decision, out.ApprovalID)
-	}
-	// A delegate is another requester.
-	dlg := owner
-	dlg.Delegation = &gate.Delegation{ID: "dlg_x", Delegate: "svc:nightly",
-		Grants: []policy.Grant{{Resource: "tool", Action: "invoke", Scope: policy.Scope{Tool: "fs_write"}}}, ExpiresAt: time.Now().Add(time.Hour)}
-	if out := call(dlg, 0); out.ApprovalID == "" {
-		t.Errorf("another requester got no approval: %+v", out.Decision)
+	// Another principal is not affected, though a delegate took its name.
+	if out := call(gate.Identity{Principal: "user:other", AgentID: "scheduler"}); out.ApprovalID == "" {
+		t.Errorf("another principal got no approval: %+v", out.Decision)
 	}
 }

@@ -78,6 +78,10 @@ type Gate struct {
 	discCache map[Identity]*Disclosure
 
 	dlg delegationCache // delegations compiled per snapshot (delegation.go)
+
+	// pendingMu serializes counting and creating pending approvals
+	// (approvalStep, MaxPendingApprovals).
+	pendingMu sync.Mutex
 }
 
 // New returns a Gate deciding with snap.
@@ -282,9 +286,11 @@ func (g *Gate) Refuse(ctx context.Context, req Request) Outcome {
 	return out
 }
 
-// MaxPendingApprovals is how many approvals one requester may have pending
-// for one agent at a time; a call past that still needs approval but is not
-// queued (so varying a call's arguments cannot flood the approvers).
+// MaxPendingApprovals is how many approvals may be pending at a time for
+// one agent's calls made with one principal's authority (its own and its
+// delegates'); a call past that still needs approval but is not queued (so
+// varying a call's arguments, or minting delegates, cannot flood the
+// approvers).
 const MaxPendingApprovals = 50
 
 // approvalStep consumes a matching approval (turning the decision into an
@@ -327,19 +333,27 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 			}
 		}
 	}
-	// Nor can varying the arguments: one requester (and agent) has at most
-	// MaxPendingApprovals waiting; past that the call is not queued.
-	if all, err := store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}}); err == nil {
-		n, who := 0, requestedBy(req.Identity)
-		for _, a := range all {
-			if a.RequestedBy == who && a.Binding.AgentID == req.AgentID && a.ExpiresAt.After(now) {
-				n++
-			}
+	// Nor can varying the arguments: the calls made with one principal's
+	// authority (its own and its delegates', whatever their names) have at
+	// most MaxPendingApprovals waiting per agent; past that a call is not
+	// queued. Counting and creating hold g.pendingMu, so concurrent calls
+	// of this gateway cannot slip past the cap together.
+	g.pendingMu.Lock()
+	defer g.pendingMu.Unlock()
+	all, err := store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}})
+	if err != nil {
+		d.Reason += fmt.Sprintf(" (not queued: the pending approvals cannot be counted: %v)", err)
+		return d
+	}
+	n := 0
+	for _, a := range all {
+		if a.Binding.Principal == req.Principal && a.Binding.AgentID == req.AgentID && a.ExpiresAt.After(now) {
+			n++
 		}
-		if n >= MaxPendingApprovals {
-			d.Reason += fmt.Sprintf(" (not queued: %s already has %d approvals pending for agent %s, the most one requester may have; wait for them to be decided or to expire)", who, n, req.AgentID)
-			return d
-		}
+	}
+	if n >= MaxPendingApprovals {
+		d.Reason += fmt.Sprintf(" (not queued: %d approvals are pending for calls of agent %s with the authority of %s, the most allowed; wait for them to be decided or to expire)", n, req.AgentID, req.Principal)
+		return d
 	}
 	ttl := g.opts.ApprovalTTL
 	if ttl == 0 {

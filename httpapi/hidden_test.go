@@ -29,6 +29,12 @@ import (
 // as unknown ones. (Found by a reviewer: the JSON API used to decide such a
 // call with its arguments and allow it.)
 func TestHiddenButConditionallyAllowed(t *testing.T) {
+	t.Run("caller", func(t *testing.T) { hiddenButConditionallyAllowed(t, false) })
+	// audit:read changes what the answer shows, never what is enforced.
+	t.Run("caller holding audit:read", func(t *testing.T) { hiddenButConditionallyAllowed(t, true) })
+}
+
+func hiddenButConditionallyAllowed(t *testing.T, auditor bool) {
 	dir := t.TempDir()
 	ents, err := os.ReadDir(bundleDir)
 	if err != nil {
@@ -45,6 +51,13 @@ func TestHiddenButConditionallyAllowed(t *testing.T) {
 				"      when: 'args.amount > 200'\n      effect: escalate\n      reason: huge refunds need a human\n    - tools: [tool:payments-refund]\n      effect: deny\n      reason: no mid refunds", 1)
 			if r == s {
 				t.Fatal("policies.yaml changed; update the test's rewrite")
+			}
+			s = r
+		}
+		if auditor && en.Name() == "principals.yaml" {
+			r := strings.Replace(s, "  roles: [maintainer]\n", "  roles: [maintainer]\n  grants:\n    - {resource: audit, action: read, scope: all}\n", 1)
+			if r == s {
+				t.Fatal("principals.yaml changed; update the test's rewrite")
 			}
 			s = r
 		}
@@ -93,8 +106,12 @@ func TestHiddenButConditionallyAllowed(t *testing.T) {
 	for _, path := range []string{"/v1/decide", "/v1/tools/call"} {
 		ws, want := unknown(path, "no_such_tool", map[string]any{"amount": 10})
 		for _, amt := range []int{10, 100, 300} {
-			if s, got := unknown(path, "payments_refund", map[string]any{"amount": amt}); s != ws || got != want {
+			s, got := unknown(path, "payments_refund", map[string]any{"amount": amt})
+			switch {
+			case !auditor && (s != ws || got != want):
 				t.Errorf("%s amount %d: %d %s; want %d %s (an unknown tool's answer)", path, amt, s, got, ws, want)
+			case auditor && (s != 403 || strings.HasPrefix(got, "|") || got == want):
+				t.Errorf("%s amount %d (auditor): %d %s; want a 403 refusal showing the real decision", path, amt, s, got)
 			}
 		}
 	}
@@ -110,6 +127,9 @@ func TestHiddenButConditionallyAllowed(t *testing.T) {
 	r := e.do("POST", "/v1/decide", "bob", map[string]any{"tool": visible, "args": []int{1}})
 	if d := decode[httpapi.Envelope](t, r).Decision; d.Code != "malformed_call" {
 		t.Errorf("malformed arguments to visible %s: %+v", visible, d)
+	}
+	if auditor {
+		return
 	}
 	// /metrics: the hidden tool's calls count as unknown_tool.
 	mr := e.do("GET", "/metrics", "", nil)

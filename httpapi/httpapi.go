@@ -392,17 +392,19 @@ func disclosedOnly(res authz.Resolution) authz.Resolution {
 	return res
 }
 
-// hidden reports whether the caller must get, for a call of name, the
-// answer to a tool that does not exist (no existence oracle, as on /mcp):
-// an authenticated caller that is not shown the tool, unless it holds
-// audit:read (and can read every decision in the audit log anyway).
-// Requests without authentication (a local operator naming the identity)
-// see everything.
-func (s *server) hidden(r *http.Request, id gate.Identity, name string) bool {
-	if _, ok := authenticated(r); !ok {
-		return false
+// visibility says how a call of name is handled for the caller: hidden is
+// true when the authenticated caller is not shown the tool, and the call is
+// then decided with Refuse (recorded, never allowed, run or put up for
+// approval), as MCP decides a tool it never listed; conceal is true when
+// the answer must moreover be an unknown tool's (no existence oracle),
+// which is spared to principals holding audit:read (they can read every
+// decision in the audit log anyway). Requests without authentication (a
+// local operator naming the identity) are decided in full.
+func (s *server) visibility(r *http.Request, id gate.Identity, name string) (hidden, conceal bool) {
+	if _, ok := authenticated(r); !ok || s.g.Visible(id, name) {
+		return false, false
 	}
-	return !s.g.Visible(id, name) && !s.g.Snapshot().HoldsAll(id.Principal, "audit", "read")
+	return true, !s.g.Snapshot().HoldsAll(id.Principal, "audit", "read")
 }
 
 // unknownTool is the decision a caller gets for a tool it cannot see, the
@@ -446,14 +448,17 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	greq := gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
 		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via}
 	var out gate.Outcome
-	d := unknownTool(req.Tool)
-	if s.hidden(r, id, req.Tool) {
+	hidden, conceal := s.visibility(r, id, req.Tool)
+	if hidden {
 		// Decided and recorded as MCP does for a tool it never listed:
 		// no approval is created or used, nothing runs.
 		out = s.g.Refuse(context.WithoutCancel(r.Context()), greq)
 	} else {
 		out = s.g.AuthorizeInspected(context.WithoutCancel(r.Context()), greq)
-		d = out.Decision
+	}
+	d := out.Decision
+	if conceal {
+		d = unknownTool(req.Tool)
 	}
 	s.o.Metrics.Decision(Via, d, time.Since(start))
 	resp := DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,

@@ -103,14 +103,17 @@ func (s *server) toolsCall(w http.ResponseWriter, r *http.Request) error {
 		out gate.Outcome
 		cr  gate.CallResult
 	)
-	d := unknownTool(req.Tool)
-	if s.hidden(r, id, req.Tool) {
+	hidden, conceal := s.visibility(r, id, req.Tool)
+	if hidden {
 		// As MCP does for a tool it never listed: decided and recorded,
 		// no approval created or used, nothing run.
 		out = s.g.Refuse(context.WithoutCancel(r.Context()), greq)
 	} else {
 		out, cr = s.g.Call(context.WithoutCancel(r.Context()), greq)
-		d = out.Decision
+	}
+	d := out.Decision
+	if conceal {
+		d = unknownTool(req.Tool)
 	}
 	s.o.Metrics.Decision(Via, d, time.Since(start))
 	resp := ToolsCallResponse{
