@@ -115,7 +115,7 @@ func (s *server) toolsCall(w http.ResponseWriter, r *http.Request) error {
 	if conceal {
 		d = unknownTool(req.Tool)
 	}
-	s.o.Metrics.Decision(Via, d, time.Since(start))
+	s.o.Metrics.Decision(Via, d, time.Since(start)-cr.Duration) // the decision, not the run
 	resp := ToolsCallResponse{
 		Status: "failure",
 		Decision: DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
