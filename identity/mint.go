@@ -86,6 +86,13 @@ func (a *Authenticator) Mint(req MintRequest) (Minted, error) {
 		return Minted{}, fmt.Errorf("%w: delegator %s is not a declared Principal", ErrInvalid, req.Delegator)
 	case !validSubject(req.Delegate):
 		return Minted{}, fmt.Errorf("%w: delegate %q must be 1 to 200 printable characters without spaces", ErrInvalid, req.Delegate)
+	case req.Delegate == req.Delegator:
+		return Minted{}, fmt.Errorf("%w: the delegate is the delegator %s; name the delegate on its own (e.g. svc:<job>)", ErrInvalid, req.Delegate)
+	case principalOf(a.b, req.Delegate) != nil:
+		// A delegate named after a declared principal would read as that
+		// principal in approvals (its own, which it may not decide) and in
+		// the audit log.
+		return Minted{}, fmt.Errorf("%w: delegate %q is a declared Principal; a delegate holds only what it is handed and must not take another principal's name: name it on its own (e.g. svc:<job>)", ErrInvalid, req.Delegate)
 	case agentOf(a.b, req.AgentID) == nil:
 		return Minted{}, fmt.Errorf("%w: agent %q is not a declared Agent", ErrInvalid, req.AgentID)
 	case len(req.Grants) == 0:
