@@ -3,21 +3,16 @@ package httpapi_test
 import (
 	"context"
 	"encoding/json"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/toolgate/toolgate/approval"
-	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
-	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/httpapi"
 	"github.com/toolgate/toolgate/metrics"
 	"github.com/toolgate/toolgate/policy"
-	"github.com/toolgate/toolgate/store/sqlite"
 )
 
 // TestHiddenButConditionallyAllowed: a Policy Guard that allows small
@@ -71,22 +66,8 @@ func hiddenButConditionallyAllowed(t *testing.T, auditor bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := sqlite.Open(filepath.Join(t.TempDir(), "x.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := audit.NewRecorder(st, nil)
-	g := gate.New(snap, &gate.Options{Recorder: rec, Approvals: st})
-	m := metrics.New(&metrics.Options{NoRuntimeCollectors: true})
-	srv := httptest.NewServer(httpapi.New(g, &httpapi.Options{Identify: identify, Audit: st, Metrics: m}))
-	defer func() {
-		srv.Close()
-		ctx, c := context.WithTimeout(context.Background(), 5*time.Second)
-		defer c()
-		rec.Close(ctx)
-		st.Close()
-	}()
-	e := &env{t: t, srv: srv, g: g, snap: snap, store: st, rec: rec}
+	e := newEnvFor(t, snap, func(o *httpapi.Options) { o.Identify = identify })
+	g, st := e.g, e.store
 	if g.Disclose(tokens["bob"]).Disclosed["tool:payments-refund"] {
 		t.Fatal("the rewritten guard should hide payments-refund from bob")
 	}

@@ -82,7 +82,13 @@ func compile(t *testing.T) *authz.Snapshot {
 // are set before it runs).
 func newEnv(t *testing.T, edit func(*httpapi.Options)) *env {
 	t.Helper()
-	e := &env{t: t, snap: compile(t), metrics: metrics.New(&metrics.Options{NoRuntimeCollectors: true})}
+	return newEnvFor(t, compile(t), edit)
+}
+
+// newEnvFor is newEnv deciding with snap.
+func newEnvFor(t *testing.T, snap *authz.Snapshot, edit func(*httpapi.Options)) *env {
+	t.Helper()
+	e := &env{t: t, snap: snap, metrics: metrics.New(&metrics.Options{NoRuntimeCollectors: true})}
 	st, err := sqlite.Open(filepath.Join(t.TempDir(), "toolgate.db"), nil)
 	if err != nil {
 		t.Fatal(err)
