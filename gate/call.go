@@ -61,6 +61,12 @@ type Executor struct {
 // built-in or upstream that is not configured here.
 var ErrNotExecutable = errors.New("this gateway cannot run the tool")
 
+// ErrClientAsked marks a failed attempt during which the upstream asked the
+// caller's client for input (sampling, elicitation, roots): such an attempt
+// is never retried, so nobody is asked the same thing twice. Forward
+// functions wrap it into their error (the MCP proxy does).
+var ErrClientAsked = errors.New("the client was asked for input during the attempt, so the call is not retried")
+
 // ErrNotAllowed is a CallResult.Err from Execute given an outcome that
 // does not allow the call; nothing ran.
 var ErrNotAllowed = errors.New("the call is not allowed")
@@ -275,7 +281,7 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 		}
 		run = func(ctx context.Context) (*mcp.CallToolResult, bool, error) {
 			r, err := forward(ctx)
-			if err != nil && (errors.Is(err, upstream.ErrDown) || errors.Is(err, upstream.ErrCallTimeout)) {
+			if err != nil && !errors.Is(err, ErrClientAsked) && (errors.Is(err, upstream.ErrDown) || errors.Is(err, upstream.ErrCallTimeout)) {
 				err = adapter.Transient(err)
 			}
 			return r, false, err

@@ -370,6 +370,9 @@ type fastWriter struct {
 	rc  *http.ResponseController
 	sse bool
 	err error
+	// asked counts the upstream's requests relayed to the client
+	// (gate.ErrClientAsked).
+	asked atomic.Int32
 }
 
 // fastWriteTimeout bounds one write to the client on the fast path (a
@@ -461,7 +464,11 @@ func (p *Proxy) forwardDirect(ctx context.Context, m mirror, cs *clientSession, 
 		defer c.end()
 	}
 	start := time.Now()
+	asked := out.asked.Load()
 	res, err := p.postCall(ctx, d, m, cs, args, out)
+	if err != nil && out.asked.Load() > asked {
+		err = fmt.Errorf("%w (%w)", err, gate.ErrClientAsked)
+	}
 	if p.opts.Observer != nil {
 		outcome := "ok"
 		switch {
@@ -791,6 +798,7 @@ func (p *Proxy) relayRequest(ctx context.Context, d *upstream.Direct, cs *client
 	}()
 	msg := append(append(append(append(append([]byte(`{"jsonrpc":"2.0","id":`), id...), `,"method":`...), mustJSON(method)...), `,"params":`...), paramsOrEmpty(env.Params)...)
 	msg = append(msg, '}')
+	out.asked.Add(1)
 	if err := out.event(msg); err != nil {
 		answer(nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("toolgate: %s: the client did not answer: %v", method, err)})
 	}

@@ -528,3 +528,50 @@ func TestOwnMetaNotForwarded(t *testing.T) {
 		t.Errorf("the upstream saw _meta %v", got)
 	}
 }
+
+// TestNoRetryAfterAskingTheClient: a read tool whose attempt times out is
+// retried, unless the upstream asked the client for input during it: the
+// user would be asked the same thing again. On both paths.
+func TestNoRetryAfterAskingTheClient(t *testing.T) {
+	ev := testenv.StartEverythingServer(t, "")
+	// test_elicitation as a read tool (retried after a timeout by default).
+	ups := evUpstream(ev.URL) + "- {kind: Tool, tool_id: tool:ev-test-elicitation, side_effect_class: read, source: {mcp_server: ev}}\n"
+	url, _ := serveProxyT(t, agentBundle(ups, nil, "    - {tool_id: tool:ev-test-elicitation, side_effect_class: read, approval_tier: auto}\n"), time.Second)
+	var asked atomic.Int32
+	cl := mcp.NewClient(&mcp.Implementation{Name: "slow-human", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(ctx context.Context, r *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			asked.Add(1)
+			select { // the human takes longer than the call timeout
+			case <-time.After(3 * time.Second):
+			case <-ctx.Done():
+			}
+			return &mcp.ElicitResult{Action: "decline"}, nil
+		}})
+	ctx := context.Background()
+	cs, err := cl.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url,
+		HTTPClient: &http.Client{Transport: bearer{key: testKeys[0], base: http.DefaultTransport}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	waitFor(t, "the mirrored tool", func() bool {
+		res, err := cs.ListTools(ctx, nil)
+		return err == nil && len(res.Tools) == 1
+	})
+	for _, tc := range []struct {
+		name string
+		meta mcp.Meta
+	}{{"fast path", nil}, {"SDK path", mcp.Meta{"progressToken": "p"}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			asked.Store(0)
+			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "test_elicitation", Arguments: map[string]any{"message": "who?"}, Meta: tc.meta})
+			if err == nil && !res.IsError {
+				t.Errorf("the call succeeded")
+			}
+			time.Sleep(500 * time.Millisecond) // a retry would ask again by now
+			if n := asked.Load(); n != 1 {
+				t.Errorf("the client was asked %d times, want once", n)
+			}
+		})
+	}
+}

@@ -78,6 +78,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -231,6 +232,9 @@ type inflight struct {
 	start    time.Time
 	done     time.Time     // zero while in flight; read under relay.mu
 	ended    chan struct{} // closed with done set
+	// asked counts the upstream's requests relayed to the client during
+	// this request (gate.ErrClientAsked).
+	asked atomic.Int32
 }
 
 // live reports whether the request is still in flight (its stream open).
@@ -543,6 +547,7 @@ func (r *relay) createMessage(ctx context.Context, name string, req *mcp.CreateM
 	}
 	cctx, cancel := relayCtx(rec, ctx)
 	defer cancel()
+	rec.asked.Add(1)
 	res, err := rec.ss.CreateMessageWithTools(cctx, req.Params)
 	return res, clientError(method, err)
 }
@@ -568,6 +573,7 @@ func (r *relay) elicit(ctx context.Context, name string, req *mcp.ElicitRequest)
 	}
 	cctx, cancel := relayCtx(rec, ctx)
 	defer cancel()
+	rec.asked.Add(1)
 	res, err := rec.ss.Elicit(cctx, req.Params)
 	return res, clientError(method, err)
 }
@@ -587,6 +593,7 @@ func (r *relay) listRoots(ctx context.Context, name string, req *mcp.ListRootsRe
 	}
 	cctx, cancel := relayCtx(rec, ctx)
 	defer cancel()
+	rec.asked.Add(1)
 	res, err := rec.ss.ListRoots(cctx, req.Params)
 	return res, clientError(method, err)
 }

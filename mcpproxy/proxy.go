@@ -659,12 +659,17 @@ func (p *Proxy) forward(ctx context.Context, m mirror, r *mcp.CallToolRequest) (
 	// (progress, sampling, elicitation, roots, log messages) reaches this
 	// session only; the progress token may be replaced (passthrough.go).
 	meta := withoutOwnMeta(r.Params.Meta)
+	var asked func() bool
 	if c, err := p.relay.begin(ctx, m.upstream, r.Session, meta); err == nil {
 		defer c.end()
 		meta = c.meta
+		asked = func() bool { return c.rec.asked.Load() > 0 }
 	}
 	start := time.Now()
 	res, err := p.ups.CallTool(ctx, m.upstream, &mcp.CallToolParams{Name: m.name, Arguments: args, Meta: meta})
+	if err != nil && asked != nil && asked() {
+		err = fmt.Errorf("%w (%w)", err, gate.ErrClientAsked)
+	}
 	if p.opts.Observer != nil {
 		outcome := "ok"
 		switch {
