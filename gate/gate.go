@@ -320,24 +320,14 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 		// The policy changed since: the approval is spent, the new decision stands.
 		return ad
 	}
-	// The same call asked again while its approval is pending gets that
-	// approval, not another: repeating a call cannot flood the approvers.
-	if pending, err := store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}, BindingDigest: b.Digest()}); err != nil {
-		g.log.Error("list pending approvals", "err", err)
-	} else {
-		for _, a := range pending {
-			if a.ExpiresAt.After(now) {
-				out.ApprovalID, out.ApprovalExpires = a.ID, a.ExpiresAt
-				d.Reason = fmt.Sprintf("%s; approval %s is pending until %s", d.Reason, a.ID, a.ExpiresAt.Format(time.RFC3339))
-				return d
-			}
-		}
-	}
-	// Nor can varying the arguments: the calls made with one principal's
-	// authority (its own and its delegates', whatever their names) have at
-	// most MaxPendingApprovals waiting per agent; past that a call is not
-	// queued. Counting and creating hold g.pendingMu, so concurrent calls
-	// of this gateway cannot slip past the cap together.
+	// One look at the pending approvals, under g.pendingMu (so concurrent
+	// calls of this gateway cannot slip past the cap together):
+	//   - the same call asked again while its approval is pending gets that
+	//     approval, not another: repeating a call cannot flood the approvers;
+	//   - nor can varying the arguments: the calls made with one principal's
+	//     authority (its own and its delegates', whatever their names) have
+	//     at most MaxPendingApprovals waiting per agent; past that a call is
+	//     not queued.
 	g.pendingMu.Lock()
 	defer g.pendingMu.Unlock()
 	all, err := store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}})
@@ -345,9 +335,17 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 		d.Reason += fmt.Sprintf(" (not queued: the pending approvals cannot be counted: %v)", err)
 		return d
 	}
-	n := 0
+	digest, n := b.Digest(), 0
 	for _, a := range all {
-		if a.Binding.Principal == req.Principal && a.Binding.AgentID == req.AgentID && a.ExpiresAt.After(now) {
+		if !a.ExpiresAt.After(now) {
+			continue
+		}
+		if a.BindingDigest == digest {
+			out.ApprovalID, out.ApprovalExpires = a.ID, a.ExpiresAt
+			d.Reason = fmt.Sprintf("%s; approval %s is pending until %s", d.Reason, a.ID, a.ExpiresAt.Format(time.RFC3339))
+			return d
+		}
+		if a.Binding.Principal == req.Principal && a.Binding.AgentID == req.AgentID {
 			n++
 		}
 	}

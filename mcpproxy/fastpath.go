@@ -109,6 +109,12 @@ func credentialKey(authorization string) string {
 	if !ok {
 		return "unparsed"
 	}
+	return tokenUserID(token)
+}
+
+// tokenUserID is the key a session is bound to for a bearer token (the
+// SDK's auth.TokenInfo.UserID): a digest, never the token itself.
+func tokenUserID(token string) string {
 	sum := sha256.Sum256([]byte(token))
 	return "credential:" + hex.EncodeToString(sum[:12])
 }
@@ -733,7 +739,7 @@ func (p *Proxy) relayRequest(ctx context.Context, d *upstream.Direct, cs *client
 			msg = errorMessage(env.ID, rpcErr)
 		} else {
 			b, _ := json.Marshal(result)
-			msg = append(append(append(append([]byte(`{"jsonrpc":"2.0","id":`), env.ID...), `,"result":`...), b...), '}')
+			msg = resultMessage(env.ID, b)
 		}
 		postAnswer(d, msg) // in line: a flood of upstream requests is paced by its own answers
 	}
@@ -855,7 +861,7 @@ func (p *Proxy) fastAnswer(w http.ResponseWriter, r *http.Request, sid string, e
 	if len(env.Error) > 0 && string(env.Error) != "null" {
 		msg = append(append(append(append([]byte(`{"jsonrpc":"2.0","id":`), pr.id...), `,"error":`...), env.Error...), '}')
 	} else {
-		msg = append(append(append(append([]byte(`{"jsonrpc":"2.0","id":`), pr.id...), `,"result":`...), paramsOrEmpty(env.Result)...), '}')
+		msg = resultMessage(pr.id, paramsOrEmpty(env.Result))
 	}
 	postAnswer(pr.d, msg)
 	w.WriteHeader(http.StatusAccepted)

@@ -238,8 +238,7 @@ func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *P
 	// session is bound to the credential that created it: another key
 	// cannot GET its stream, DELETE it or post into it (403).
 	bound := auth.RequireBearerToken(func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		sum := sha256.Sum256([]byte(token))
-		return &auth.TokenInfo{UserID: "credential:" + hex.EncodeToString(sum[:12]), Expiration: time.Now().Add(24 * time.Hour)}, nil
+		return &auth.TokenInfo{UserID: tokenUserID(token), Expiration: time.Now().Add(24 * time.Hour)}, nil
 	}, nil)(sdk)
 	p.handler = p.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "" {
