@@ -227,9 +227,14 @@ type Call struct {
 	// Tool is the name as the model called it ("supabase_write",
 	// "bifrost.query", "tool:supabase-write").
 	Tool string
-	// Args are the decoded JSON arguments; nil means a tool-level decision
-	// (disclosure), in which argument conditions are not evaluated.
+	// Args are the decoded JSON arguments (ParseArgs's Value); nil means a
+	// tool-level decision (disclosure), in which argument conditions are
+	// not evaluated.
 	Args map[string]any
+	// ArgsErr, when set, is why the arguments did not parse (ParseArgs):
+	// the call is refused as malformed_call at the composition layer,
+	// whatever else it is, by every enforcement point alike.
+	ArgsErr error
 	// Resources lists what the call touches, as the adapter reports it; the
 	// principal needs a grant on each (DESIGN.md §2 check 8).
 	Resources []Resource

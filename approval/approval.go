@@ -4,7 +4,7 @@
 // of the canonical arguments), is used at most once, and expires.
 //
 // The package defines the record ([Approval]), the binding and its digest
-// ([Binding], [CanonicalArgs], [ArgsDigest]), the state transitions every
+// ([Binding]; the argument digest is toolgate.ParseArgs's), the state transitions every
 // store applies ([Approval.Decide]), and the [Store] interface implemented
 // by store/sqlite and store/postgres. Stores never read the clock: every
 // operation that depends on time takes it as an argument.

@@ -244,6 +244,11 @@ func (e *eval) checkName() *toolgate.Decision {
 	}
 	e.idx = idx
 	e.tool = &e.s.tools[idx]
+	if e.c.ArgsErr != nil {
+		d := e.deny(toolgate.CodeMalformedCall, toolgate.LayerComposition,
+			fmt.Sprintf("composition layer: the arguments are refused: %v; send one JSON object without duplicate keys, keys that differ only by case, or numbers a float64 does not hold as written", e.c.ArgsErr))
+		return &d
+	}
 	return nil
 }
 

@@ -2,9 +2,7 @@ package gate
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql/driver"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,8 +17,6 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/adapter"
-	"github.com/toolgate/toolgate/approval"
-	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/builtin"
 	"github.com/toolgate/toolgate/upstream"
@@ -104,12 +100,14 @@ type CallOptions struct {
 	// Forward, when set, replaces the call to the upstream of an MCP tool
 	// (the MCP proxy uses it to relay the upstream's progress and requests
 	// to its client's session). It is called once per attempt.
-	Forward func(ctx context.Context) (*mcp.CallToolResult, error)
+	// args are the arguments that were decided, as canonical JSON: what
+	// the upstream must get (never the client's own bytes).
+	Forward func(ctx context.Context, args json.RawMessage) (*mcp.CallToolResult, error)
 	// ForwardRaw, when set and Forward is not, is Forward returning the
 	// upstream's result as JSON (the "result" member of its response): the
 	// MCP proxy's fast path, which passes a result through as bytes
 	// (CallResult.Raw) unless it must be capped or is malformed.
-	ForwardRaw func(ctx context.Context) (json.RawMessage, error)
+	ForwardRaw func(ctx context.Context, args json.RawMessage) (json.RawMessage, error)
 }
 
 // Call decides a call, runs it when allowed, and records both (DESIGN.md
@@ -132,11 +130,12 @@ func (g *Gate) Call(ctx context.Context, req Request) (Outcome, CallResult) {
 
 // CallWith is Call with options.
 func (g *Gate) CallWith(ctx context.Context, req Request, opts *CallOptions) (Outcome, CallResult) {
-	req, res, refused, done := g.inspect(ctx, req)
+	pa := parseArgs(req.Args)
+	req, res, refused, done := g.inspect(ctx, req, pa)
 	if done {
 		return refused, CallResult{Resources: res}
 	}
-	out := g.Authorize(ctx, req)
+	out := g.authorize(ctx, req, pa)
 	cr := CallResult{Resources: res}
 	if !out.Decision.Allowed() {
 		return out, cr
@@ -149,24 +148,21 @@ func (g *Gate) CallWith(ctx context.Context, req Request, opts *CallOptions) (Ou
 // touch is part of the decision (the JSON API's /v1/decide). An allow
 // consumes an approval exactly as Call's would.
 func (g *Gate) AuthorizeInspected(ctx context.Context, req Request) Outcome {
-	req, _, refused, done := g.inspect(ctx, req)
+	pa := parseArgs(req.Args)
+	req, _, refused, done := g.inspect(ctx, req, pa)
 	if done {
 		return refused
 	}
-	return g.Authorize(ctx, req)
+	return g.authorize(ctx, req, pa)
 }
 
 // inspect runs a built-in tool's Inspect for a call that passes every layer
 // before the resource layer and adds what it reports to req. done is true
 // when the call is already decided (refused, and recorded).
-func (g *Gate) inspect(ctx context.Context, req Request) (Request, []toolgate.Resource, Outcome, bool) {
+func (g *Gate) inspect(ctx context.Context, req Request, pa parsed) (Request, []toolgate.Resource, Outcome, bool) {
 	snap := g.Snapshot()
-	args, err := decodeCallArgs(req.Args)
-	if err != nil {
-		return req, nil, g.Authorize(ctx, req), true // refused as malformed_call, the same way
-	}
 	pre := g.decide(snap, &toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
-		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Args: args, ToolLevel: true}, req.Identity)
+		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Args: pa.args.Value, ArgsErr: pa.err, ToolLevel: true}, req.Identity)
 	if pre.Verdict == toolgate.Deny {
 		return req, nil, Outcome{}, false // Authorize refuses it with the full decision
 	}
@@ -174,10 +170,10 @@ func (g *Gate) inspect(ctx context.Context, req Request) (Request, []toolgate.Re
 	if t, ok := snap.Tool(pre.ToolID); ok && t.Builtin != "" {
 		bt, ok := g.builtin(t.Builtin)
 		if !ok {
-			return req, nil, g.refuse(ctx, req, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
+			return req, nil, g.refuse(ctx, req, pa, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
 				fmt.Sprintf("the built-in tool %s is not available in this gateway, so what the call would touch cannot be checked (fail closed); configure it (a Database document for sql.*) or remove %s from the catalog", t.Builtin, t.ID))), true
 		}
-		inv := builtin.Invocation{Args: req.Args, Workspace: g.workspace(snap, req.AgentID)}
+		inv := builtin.Invocation{Args: pa.args.Canonical, Workspace: g.workspace(snap, req.AgentID)}
 		res, err := bt.Inspect(ctx, inv)
 		if err != nil {
 			var te *toolgate.Error
@@ -186,10 +182,10 @@ func (g *Gate) inspect(ctx context.Context, req Request) (Request, []toolgate.Re
 				if layer == toolgate.LayerNone {
 					layer = toolgate.LayerResource
 				}
-				return req, nil, g.refuse(ctx, req, deny(pre, req, te.Code, layer,
+				return req, nil, g.refuse(ctx, req, pa, deny(pre, req, te.Code, layer,
 					fmt.Sprintf("%s layer: %s refused the call before it ran: %s", layer, t.Builtin, te.Message))), true
 			}
-			return req, nil, g.refuse(ctx, req, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
+			return req, nil, g.refuse(ctx, req, pa, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
 				fmt.Sprintf("%s could not tell what the call would touch, so it is refused (fail closed): %v", t.Builtin, err))), true
 		}
 		cr.Resources = res
@@ -246,7 +242,7 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 			cr.Err = fmt.Errorf("%w: the built-in tool %s is not configured", ErrNotExecutable, t.Builtin)
 			break
 		}
-		inv := builtin.Invocation{Args: req.Args, Workspace: g.workspace(snap, req.AgentID), Inspected: resources}
+		inv := builtin.Invocation{Args: out.CanonicalArgs, Workspace: g.workspace(snap, req.AgentID), Inspected: resources}
 		run = func(ctx context.Context) (*mcp.CallToolResult, bool, error) {
 			r, err := bt.Run(ctx, inv)
 			if err != nil {
@@ -258,21 +254,20 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 			return adapter.TextResult(r.Content, r.Structured, false), r.Truncated, nil
 		}
 	case t.MCPServer != "":
+		// The upstream gets the arguments that were decided, re-encoded
+		// (canonical JSON), never the bytes the client sent.
+		args := json.RawMessage(out.CanonicalArgs)
 		forward := func(ctx context.Context) (*mcp.CallToolResult, error) {
 			if ex == nil || ex.Upstreams == nil {
 				return nil, fmt.Errorf("%w: no upstream MCP servers are connected", ErrNotExecutable)
 			}
-			var a any
-			if len(req.Args) > 0 {
-				a = req.Args
-			}
-			return ex.Upstreams.CallTool(ctx, t.MCPServer, &mcp.CallToolParams{Name: upstreamToolName(snap, t), Arguments: a})
+			return ex.Upstreams.CallTool(ctx, t.MCPServer, &mcp.CallToolParams{Name: upstreamToolName(snap, t), Arguments: args})
 		}
 		if opts != nil && opts.Forward != nil {
-			forward = opts.Forward
+			forward = func(ctx context.Context) (*mcp.CallToolResult, error) { return opts.Forward(ctx, args) }
 		} else if opts != nil && opts.ForwardRaw != nil {
 			forward = func(ctx context.Context) (*mcp.CallToolResult, error) {
-				r, err := opts.ForwardRaw(ctx)
+				r, err := opts.ForwardRaw(ctx, args)
 				if err == nil {
 					raw = r
 				}
@@ -494,23 +489,6 @@ func (g *Gate) workspace(snap *authz.Snapshot, agentID string) string {
 	return ws
 }
 
-// decodeCallArgs decodes arguments as Authorize does; an error means
-// Authorize refuses them as malformed_call.
-func decodeCallArgs(raw json.RawMessage) (map[string]any, error) {
-	canon, err := approval.CanonicalArgs(raw)
-	if err != nil {
-		return nil, err
-	}
-	var args map[string]any
-	if err := json.Unmarshal(canon, &args); err != nil {
-		return nil, err
-	}
-	if args == nil {
-		return nil, errors.New("arguments must be a JSON object")
-	}
-	return args, nil
-}
-
 // deny is a refusal decided outside authz (by a built-in tool's Inspect),
 // carrying what the tool-level decision knew about the tool.
 func deny(pre toolgate.Decision, req Request, code toolgate.Code, layer toolgate.Layer, reason string) toolgate.Decision {
@@ -520,17 +498,9 @@ func deny(pre toolgate.Decision, req Request, code toolgate.Code, layer toolgate
 
 // refuse records a deny decided outside authz, exactly as Authorize records
 // its denials, and returns its outcome.
-func (g *Gate) refuse(ctx context.Context, req Request, d toolgate.Decision) Outcome {
-	out := Outcome{Decision: d, CorrelationID: req.CorrelationID, Started: g.now()}
-	if out.CorrelationID == "" {
-		out.CorrelationID = audit.NewEventID()
-	}
-	if canon, err := approval.CanonicalArgs(req.Args); err == nil {
-		out.CanonicalArgs = canon
-		sum := sha256.Sum256(canon)
-		out.ArgsDigest = hex.EncodeToString(sum[:])
-		_ = json.Unmarshal(canon, &out.Args)
-	}
+func (g *Gate) refuse(ctx context.Context, req Request, pa parsed, d toolgate.Decision) Outcome {
+	out := g.newOutcome(req, pa)
+	out.Decision = d
 	g.record(ctx, req, &out, false)
 	return out
 }

@@ -274,7 +274,7 @@ func TestCallForwardRaw(t *testing.T) {
 		{"over the cap", `{"content":[{"type":"text","text":"` + strings.Repeat("x", 2000) + `"}]}`, false, false, "x"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := &gate.CallOptions{ForwardRaw: func(context.Context) (json.RawMessage, error) { return json.RawMessage(tc.raw), nil }}
+			opts := &gate.CallOptions{ForwardRaw: func(context.Context, json.RawMessage) (json.RawMessage, error) { return json.RawMessage(tc.raw), nil }}
 			out, cr := f.g.CallWith(context.Background(), req, opts)
 			if !out.Decision.Allowed() {
 				t.Fatalf("not allowed: %+v", out.Decision)

@@ -212,32 +212,45 @@ var ErrAuditUnavailable = errors.New("audit log unavailable")
 // Authorize returns; if it cannot be made durable the outcome is a deny with
 // code internal_error. Denials are queued without delaying the answer.
 func (g *Gate) Authorize(ctx context.Context, req Request) Outcome {
+	return g.authorize(ctx, req, parseArgs(req.Args))
+}
+
+// parsed is a request's arguments, parsed once (toolgate.ParseArgs) by the
+// gate's entry verb and handed to every step after it.
+type parsed struct {
+	args toolgate.Args
+	err  error
+}
+
+func parseArgs(raw json.RawMessage) parsed {
+	a, err := toolgate.ParseArgs(raw)
+	return parsed{args: a, err: err}
+}
+
+// newOutcome starts the outcome of a request: correlation id, start time
+// and the parsed arguments.
+func (g *Gate) newOutcome(req Request, pa parsed) Outcome {
 	out := Outcome{CorrelationID: req.CorrelationID, Started: g.now()}
 	if out.CorrelationID == "" {
 		out.CorrelationID = audit.NewEventID()
 	}
-	snap := g.Snapshot()
-	call := toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
-		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Resources: req.Resources, Observed: req.Observed}
+	if pa.err == nil {
+		out.Args, out.CanonicalArgs, out.ArgsDigest = pa.args.Value, pa.args.Canonical, pa.args.Digest
+	}
+	return out
+}
 
-	canon, err := approval.CanonicalArgs(req.Args)
-	if err == nil {
-		out.CanonicalArgs = canon
-		sum := sha256.Sum256(canon)
-		out.ArgsDigest = hex.EncodeToString(sum[:])
-		err = json.Unmarshal(canon, &out.Args)
-		if err == nil && out.Args == nil {
-			err = errors.New("arguments must be a JSON object")
-		}
-	}
-	if err != nil {
-		out.Decision = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeMalformedCall, Layer: toolgate.LayerComposition,
-			Reason:   fmt.Sprintf("composition layer: the arguments are refused: %v; send one JSON object without duplicate keys", err),
-			ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
-		g.record(ctx, req, &out, false)
-		return out
-	}
-	call.Args = out.Args
+// callOf is the call the decision core decides for a request.
+func callOf(req Request, pa parsed) toolgate.Call {
+	return toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
+		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Resources: req.Resources, Observed: req.Observed,
+		Args: pa.args.Value, ArgsErr: pa.err}
+}
+
+func (g *Gate) authorize(ctx context.Context, req Request, pa parsed) Outcome {
+	out := g.newOutcome(req, pa)
+	snap := g.Snapshot()
+	call := callOf(req, pa)
 	d := g.decide(snap, &call, req.Identity)
 	if d.Verdict == toolgate.RequireApproval {
 		d = g.approvalStep(ctx, req, &call, snap, d, &out)
@@ -262,19 +275,9 @@ func (g *Gate) Authorize(ctx context.Context, req Request) Outcome {
 // and nothing runs. A decision that would not deny is recorded as
 // unknown_tool: the name is not one this client was shown.
 func (g *Gate) Refuse(ctx context.Context, req Request) Outcome {
-	out := Outcome{CorrelationID: req.CorrelationID, Started: g.now()}
-	if out.CorrelationID == "" {
-		out.CorrelationID = audit.NewEventID()
-	}
-	call := toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
-		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Resources: req.Resources}
-	if canon, err := approval.CanonicalArgs(req.Args); err == nil {
-		out.CanonicalArgs = canon
-		sum := sha256.Sum256(canon)
-		out.ArgsDigest = hex.EncodeToString(sum[:])
-		_ = json.Unmarshal(canon, &out.Args)
-	}
-	call.Args = out.Args
+	pa := parseArgs(req.Args)
+	out := g.newOutcome(req, pa)
+	call := callOf(req, pa)
 	d := g.decide(g.Snapshot(), &call, req.Identity)
 	if d.Verdict != toolgate.Deny {
 		d = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeUnknownTool, Layer: toolgate.LayerComposition,

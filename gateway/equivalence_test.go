@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/toolgate/toolgate/approval"
+	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/gate"
 )
 
@@ -113,10 +113,11 @@ func TestEnforcementPointsAgree(t *testing.T) {
 			}
 
 			// The audit log: the same code from each enforcement point.
-			digest, err := approval.ArgsDigest(json.RawMessage(tc.args))
+			parsed, err := toolgate.ParseArgs([]byte(tc.args))
 			if err != nil {
 				t.Fatal(err)
 			}
+			digest := parsed.Digest
 			got := map[string]verdict{}
 			for _, ev := range e.events(t) {
 				decision := ev.EventType == "agent.tool.authorized" || ev.EventType == "agent.tool.unauthorized" || ev.EventType == "agent.tool.approval_requested"

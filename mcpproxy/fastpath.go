@@ -310,8 +310,8 @@ func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env
 	p.countPath("fast")
 	out := newFastWriter(w)
 	forward := func(m mirror) *gate.CallOptions {
-		return &gate.CallOptions{ForwardRaw: func(ctx context.Context) (json.RawMessage, error) {
-			return p.forwardDirect(ctx, m, cs, args, out)
+		return &gate.CallOptions{ForwardRaw: func(ctx context.Context, decided json.RawMessage) (json.RawMessage, error) {
+			return p.forwardDirect(ctx, m, cs, decided, out)
 		}}
 	}
 	res, raw, callErr := p.callTool(ctx, id, name, args, forward, nil)
@@ -442,7 +442,8 @@ func (f *fastWriter) final(msg []byte) {
 	f.w.Write(msg)
 }
 
-// forwardDirect posts the call to the upstream on its session and returns
+// forwardDirect posts the call, with the arguments that were decided
+// (canonical JSON), to the upstream on its session and returns
 // the result member of its response as sent, relaying what comes before it
 // (see the file comment). A JSON-RPC error from the upstream is returned as
 // a *jsonrpc.Error.

@@ -480,7 +480,9 @@ func (p *Proxy) lookup(name string) (mirror, bool) {
 func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolRequest, next mcp.MethodHandler, method string) (mcp.Result, error) {
 	p.countPath("sdk")
 	forward := func(m mirror) *gate.CallOptions {
-		return &gate.CallOptions{Forward: func(ctx context.Context) (*mcp.CallToolResult, error) { return p.forward(ctx, m, r) }}
+		return &gate.CallOptions{Forward: func(ctx context.Context, args json.RawMessage) (*mcp.CallToolResult, error) {
+			return p.forward(ctx, m, r, args)
+		}}
 	}
 	hold := func(ctx context.Context, approvalID string, wait time.Duration) (bool, error) {
 		if !p.awaitApproval(ctx, r, approvalID, wait) {
@@ -644,15 +646,12 @@ func refusal(d toolgate.Decision, approvalID, msg string, typed bool) *mcp.CallT
 	return res
 }
 
-// forward calls the upstream tool with the client's arguments and meta
+// forward calls the upstream tool with the arguments that were decided
+// (canonical JSON, never the client's bytes) and the client's meta
 // (progress token included).
-func (p *Proxy) forward(ctx context.Context, m mirror, r *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+func (p *Proxy) forward(ctx context.Context, m mirror, r *mcp.CallToolRequest, args json.RawMessage) (*mcp.CallToolResult, error) {
 	if p.ups == nil {
 		return nil, errors.New("no upstreams are configured")
-	}
-	var args any
-	if len(r.Params.Arguments) > 0 {
-		args = r.Params.Arguments
 	}
 	// Track the call so that what the upstream sends while serving it
 	// (progress, sampling, elicitation, roots, log messages) reaches this

@@ -183,7 +183,7 @@ func TestCall(t *testing.T) {
 }
 
 func TestCallUsage(t *testing.T) {
-	bundle, data := callFixture(t)
+	bundle, _ := callFixture(t)
 	for _, tc := range []struct {
 		name     string
 		args     []string
@@ -192,7 +192,6 @@ func TestCallUsage(t *testing.T) {
 	}{
 		{"no agent", []string{"call", "--bundle", bundle, "--tool", "sql_query"}, cli.ExitUsage, "--agent and --tool are required"},
 		{"no bundle", []string{"call", "--agent", "analyst", "--tool", "sql_query"}, cli.ExitUsage, "--bundle"},
-		{"bad args", []string{"call", "--bundle", bundle, "--data", data, "--agent", "analyst", "--tool", "sql_query", "--args", "nope"}, cli.ExitFailure, "--args"},
 		{"bad output", []string{"call", "--bundle", bundle, "--agent", "analyst", "--tool", "sql_query", "-o", "yaml"}, cli.ExitUsage, "-o"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -232,5 +231,39 @@ func TestCallUpstream(t *testing.T) {
 	}
 	if resultText(o.Result) != "hello upstream" || strings.Contains(r.stderr, "broken") {
 		t.Errorf("result %q stderr %q", resultText(o.Result), r.stderr)
+	}
+}
+
+// TestArgsDecidedAsTheGatewayDecides: decide, explain and call parse
+// arguments with the one decoder every enforcement point uses
+// (toolgate.ParseArgs), so arguments the gateway refuses are refused by
+// each (malformed_call, exit 3), never allowed by one of them.
+func TestArgsDecidedAsTheGatewayDecides(t *testing.T) {
+	bundle, data := callFixture(t)
+	for _, args := range []string{
+		`{"query":"SELECT 1 FROM orders","query":"SELECT * FROM api_tokens"}`,
+		`{"query":"SELECT 1 FROM orders","Query":"SELECT * FROM api_tokens"}`,
+		`{"query":"SELECT 1 FROM orders","limit":9007199254740993}`,
+		`{"query":"SELECT 1 FROM orders"} {"b": 2}`,
+		`[1, 2]`,
+		`{`,
+		`nope`,
+	} {
+		for _, cmd := range []string{"decide", "explain", "call"} {
+			t.Run(cmd+" "+args, func(t *testing.T) {
+				argv := []string{cmd, "--bundle", bundle, "--agent", "analyst", "--principal", "user:analyst",
+					"--tool", "sql_query", "--args", args}
+				if cmd == "call" {
+					argv = append(argv, "--data", data)
+				}
+				r := runCLI(t, argv...)
+				if r.code != cli.ExitDenied {
+					t.Errorf("exit %d, want %d (denied)\nstdout:\n%s\nstderr:\n%s", r.code, cli.ExitDenied, r.stdout, r.stderr)
+				}
+				if !strings.Contains(r.stdout, "malformed_call") {
+					t.Errorf("stdout does not name malformed_call:\n%s", r.stdout)
+				}
+			})
+		}
 	}
 }

@@ -1,9 +1,7 @@
 package cli
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -237,17 +235,17 @@ func addCallFlags(fs *flag.FlagSet) *callFlags {
 }
 
 // buildCall turns flags into a Call; the error is bad input (exit 1).
+// Arguments are parsed as every enforcement point parses them
+// (toolgate.ParseArgs): ones the gateway refuses are decided as refused
+// (malformed_call), not reported as a usage error.
 func (cf *callFlags) buildCall(snap *authz.Snapshot) (*toolgate.Call, error) {
-	args, err := decodeArgs([]byte(*cf.args))
-	if err != nil {
-		return nil, err
-	}
+	a, argsErr := toolgate.ParseArgs([]byte(*cf.args))
 	principal := *cf.principal
 	if principal == "" {
 		principal = snap.Settings().DefaultPrincipal
 	}
 	c := &toolgate.Call{AgentID: *cf.agent, DeploymentMode: *cf.mode, InstanceID: *cf.instance, Environment: *cf.env,
-		Principal: principal, Tool: *cf.tool, Args: args}
+		Principal: principal, Tool: *cf.tool, Args: a.Value, ArgsErr: argsErr}
 	for _, r := range cf.resources {
 		typ, name, ok := strings.Cut(r, "=")
 		if !ok || typ == "" || name == "" {
@@ -257,26 +255,6 @@ func (cf *callFlags) buildCall(snap *authz.Snapshot) (*toolgate.Call, error) {
 		c.Resources = append(c.Resources, toolgate.Resource{Type: typ, Name: name, Action: action})
 	}
 	return c, nil
-}
-
-// decodeArgs decodes a JSON object of arguments; anything else is an error.
-func decodeArgs(raw []byte) (map[string]any, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
-		return map[string]any{}, nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	var args map[string]any
-	if err := dec.Decode(&args); err != nil {
-		return nil, fmt.Errorf("--args must be a JSON object: %v", err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("--args must be one JSON object, found more after it")
-	}
-	if args == nil {
-		args = map[string]any{}
-	}
-	return args, nil
 }
 
 // decisionJSON is decide's JSON output.

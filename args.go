@@ -1,14 +1,15 @@
-package approval
+package toolgate
 
 import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -16,24 +17,91 @@ import (
 // maxDepth bounds nesting of arrays and objects in arguments.
 const maxDepth = 1000
 
-// ErrInvalidArgs is wrapped by every error of CanonicalArgs and ArgsDigest.
-var ErrInvalidArgs = errors.New("approval: invalid arguments")
+// maxNumberLen bounds one number literal in arguments. No float64 needs
+// more characters than this in its shortest form ("-2.2250738585072014e-308"
+// has 24), so a longer literal cannot be one ParseArgs accepts.
+const maxNumberLen = 40
 
-// CanonicalArgs returns the canonical JSON of a call's arguments: object
-// keys sorted bytewise (by their UTF-8 encoding) at every depth, no
-// insignificant whitespace, numbers kept exactly as written, strings with
-// escapes resolved and re-encoded minimally (only `"`, `\` and control
-// characters are escaped; \u escapes for them use lower-case hex). Empty
-// input (nil, only whitespace) and `null` canonicalize to `{}`.
+// ErrInvalidArgs is wrapped by every error of ParseArgs and CanonicalJSON.
+var ErrInvalidArgs = errors.New("invalid arguments")
+
+// Args are a call's arguments, parsed once at the edge: every enforcement
+// point (MCP, the JSON API, the CLI, the Go library) uses ParseArgs, so
+// they cannot disagree on what a call's arguments are (docs/design.md,
+// "Decide on exactly what runs"). What is decided (Value), what an approval
+// binds (Digest) and what the tool receives (Canonical) are one parse.
+type Args struct {
+	// Canonical is the canonical JSON of the arguments (CanonicalJSON; {}
+	// when there were none). It is what the digest is taken over and what
+	// is forwarded to the tool: never the bytes as the client sent them.
+	Canonical []byte
+	// Digest is hex(sha256(Canonical)): 64 lower-case hex characters.
+	Digest string
+	// Value is the decoded object, as encoding/json decodes into
+	// map[string]any (numbers are float64); never nil.
+	Value map[string]any
+}
+
+// ParseArgs parses a call's arguments: a JSON object, or nothing (empty
+// input, whitespace or null, which mean {}). On top of JSON's grammar it
+// refuses, wrapping ErrInvalidArgs, every input that two parsers could read
+// as two different calls, so that the decision and the tool can never see
+// different arguments:
 //
-// Two argument texts that differ only in key order, whitespace or string
-// escaping give the same bytes; any other difference (a value, a key, 1 vs
-// 1.0) gives different bytes. It refuses, wrapping ErrInvalidArgs, anything
-// that is not exactly one JSON value, invalid UTF-8, a \u escape that is a
-// lone surrogate, a duplicate key in any object (after resolving escapes:
-// a parser that keeps the first and one that keeps the last would see
-// different calls), and nesting deeper than 1000.
-func CanonicalArgs(raw json.RawMessage) ([]byte, error) {
+//   - invalid UTF-8, or a \u escape that is a lone surrogate;
+//   - a duplicate key in any object, after resolving escapes (a parser that
+//     keeps the first and one that keeps the last would differ);
+//   - two keys of one object that differ only by case, under Unicode simple
+//     case folding ("path" and "Path", or "k" and the Kelvin sign): Go's
+//     encoding/json matches struct fields case-insensitively, so a tool
+//     written in Go could read the one the decision did not look at;
+//   - a number that float64 does not hold as written: one whose literal is
+//     not, as a decimal, the shortest decimal of the float64 it parses to
+//     (9007199254740993, 0.1000000000000000001, 1e400, 1e-400): a decimal
+//     or integer parser would read another value than the decision's;
+//   - nesting deeper than 1000, and anything but one JSON object.
+func ParseArgs(raw []byte) (Args, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return emptyArgs(), nil
+	}
+	v, err := parseJSON(raw)
+	if err != nil {
+		return Args{}, err
+	}
+	switch v.kind {
+	case kindNull:
+		return emptyArgs(), nil
+	case kindObject:
+	default:
+		return Args{}, fmt.Errorf("%w: the arguments must be a JSON object, not %s", ErrInvalidArgs, v.kind)
+	}
+	var buf bytes.Buffer
+	buf.Grow(len(raw))
+	v.write(&buf)
+	a := Args{Canonical: buf.Bytes(), Value: v.object()}
+	sum := sha256.Sum256(a.Canonical)
+	a.Digest = hex.EncodeToString(sum[:])
+	return a, nil
+}
+
+var emptyDigest = func() string { s := sha256.Sum256([]byte("{}")); return hex.EncodeToString(s[:]) }()
+
+func emptyArgs() Args {
+	return Args{Canonical: []byte("{}"), Digest: emptyDigest, Value: map[string]any{}}
+}
+
+// CanonicalJSON returns the canonical JSON of any JSON value, by the rules
+// of ParseArgs: object keys sorted bytewise (by their UTF-8 encoding) at
+// every depth, no insignificant whitespace, numbers kept exactly as
+// written, strings with escapes resolved and re-encoded minimally (only
+// `"`, `\` and control characters are escaped; \u escapes for them use
+// lower-case hex). Empty input (nil, only whitespace) and `null` give `{}`.
+//
+// Two texts that differ only in key order, whitespace or string escaping
+// give the same bytes; any other difference (a value, a key, 1 vs 1.0)
+// gives different bytes. It refuses what ParseArgs refuses, except that the
+// value need not be an object.
+func CanonicalJSON(raw []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return []byte("{}"), nil
 	}
@@ -50,17 +118,6 @@ func CanonicalArgs(raw json.RawMessage) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// ArgsDigest returns hex(sha256(CanonicalArgs(raw))): 64 lower-case hex
-// characters. Errors are those of CanonicalArgs.
-func ArgsDigest(raw json.RawMessage) (string, error) {
-	c, err := CanonicalArgs(raw)
-	if err != nil {
-		return "", err
-	}
-	sum := sha256.Sum256(c)
-	return hex.EncodeToString(sum[:]), nil
-}
-
 type kind uint8
 
 const (
@@ -71,6 +128,10 @@ const (
 	kindArray
 	kindObject
 )
+
+func (k kind) String() string {
+	return [...]string{"null", "a boolean", "a number", "a string", "an array", "an object"}[k]
+}
 
 // value is a parsed JSON value. For numbers and booleans lit is the literal;
 // for strings str is the decoded string.
@@ -85,6 +146,37 @@ type value struct {
 type member struct {
 	key string
 	val value
+}
+
+// object returns an object value as encoding/json decodes it into
+// map[string]any.
+func (v *value) object() map[string]any {
+	m := make(map[string]any, len(v.members))
+	for i := range v.members {
+		m[v.members[i].key] = v.members[i].val.any()
+	}
+	return m
+}
+
+func (v *value) any() any {
+	switch v.kind {
+	case kindBool:
+		return v.lit[0] == 't'
+	case kindNumber:
+		f, _ := strconv.ParseFloat(string(v.lit), 64) // checked by exactNumber
+		return f
+	case kindString:
+		return v.str
+	case kindArray:
+		a := make([]any, len(v.elems))
+		for i := range v.elems {
+			a[i] = v.elems[i].any()
+		}
+		return a
+	case kindObject:
+		return v.object()
+	}
+	return nil
 }
 
 func (v *value) write(buf *bytes.Buffer) {
@@ -267,7 +359,77 @@ func (p *parser) number() (value, error) {
 			return value{}, p.errorf("invalid number: no digits in the exponent")
 		}
 	}
-	return value{kind: kindNumber, lit: p.in[start:p.pos]}, nil
+	lit := p.in[start:p.pos]
+	if !exactNumber(lit) {
+		p.pos = start
+		return value{}, p.errorf("the number %.40s is not held exactly by a float64 (a decimal parser would read another value than the decision); send it as the shortest decimal of a float64, or as a string", lit)
+	}
+	return value{kind: kindNumber, lit: lit}, nil
+}
+
+// exactNumber reports whether a JSON number literal means, as a decimal,
+// exactly the shortest decimal of the float64 it parses to: then a float64
+// parser and an exact decimal parser read the same value.
+func exactNumber(lit []byte) bool {
+	if len(lit) > maxNumberLen {
+		return false
+	}
+	f, err := strconv.ParseFloat(string(lit), 64)
+	if err != nil {
+		return false // out of range
+	}
+	var tmp [32]byte
+	short := strconv.AppendFloat(tmp[:0], f, 'g', -1, 64)
+	if bytes.Equal(short, lit) {
+		return true
+	}
+	a, ok1 := decimalOf(lit)
+	b, ok2 := decimalOf(short)
+	return ok1 && ok2 && a == b
+}
+
+// decimal is a number as sign, significant digits (no leading or trailing
+// zeros) and the exponent of its first digit; zero has no digits and no
+// sign.
+type decimal struct {
+	neg    bool
+	digits string
+	exp    int
+}
+
+// decimalOf normalizes a JSON number literal; false for an exponent too
+// large to matter (no float64 has one).
+func decimalOf(lit []byte) (decimal, bool) {
+	var d decimal
+	s := string(lit)
+	if strings.HasPrefix(s, "-") {
+		d.neg, s = true, s[1:]
+	}
+	exp := 0
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		e := strings.TrimLeft(strings.TrimLeft(s[i+1:], "+"), "-")
+		neg := strings.HasPrefix(s[i+1:], "-")
+		e = strings.TrimLeft(e, "0")
+		if len(e) > 4 {
+			return decimal{}, false
+		}
+		n, _ := strconv.Atoi("0" + e)
+		if neg {
+			n = -n
+		}
+		exp, s = n, s[:i]
+	}
+	intPart, frac, _ := strings.Cut(s, ".")
+	all := intPart + frac
+	exp += len(intPart)
+	trimmed := strings.TrimLeft(all, "0")
+	exp -= len(all) - len(trimmed)
+	trimmed = strings.TrimRight(trimmed, "0")
+	if trimmed == "" {
+		return decimal{}, true // zero, whatever its sign
+	}
+	d.digits, d.exp = trimmed, exp
+	return d, true
 }
 
 func (p *parser) string() (string, error) {
@@ -348,6 +510,51 @@ func (p *parser) escape(sb *strings.Builder) error {
 		return p.errorf("invalid escape \\%c", c)
 	}
 	return nil
+}
+
+// caseCollision refuses two keys that differ only by case (Unicode simple
+// folding: the closure strings.EqualFold and encoding/json's field
+// matching both stay within).
+func caseCollision(ms []member) error {
+	if len(ms) < 2 {
+		return nil
+	}
+	seen := make(map[string]string, len(ms))
+	for _, m := range ms {
+		k := foldKey(m.key)
+		if other, dup := seen[k]; dup {
+			return fmt.Errorf("%w: the keys %q and %q differ only by case (a tool that matches keys case-insensitively could read the one that was not decided on); send one of them", ErrInvalidArgs, other, m.key)
+		}
+		seen[k] = m.key
+	}
+	return nil
+}
+
+// foldKey maps every rune of s to the smallest rune of the simple case
+// folding orbit of its encoding/json folding (upper of lower), so two
+// strings equal under strings.EqualFold, or matched as one struct field by
+// encoding/json, have one key.
+func foldKey(s string) string {
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		if r < utf8.RuneSelf {
+			if 'a' <= r && r <= 'z' {
+				r -= 'a' - 'A' // the smallest of {A, a} (and of {K, k, U+212A}, {S, s, U+017F})
+			}
+			b.WriteByte(byte(r))
+			continue
+		}
+		r = unicode.ToUpper(unicode.ToLower(r)) // encoding/json's folding ("İ" is "i")
+		min := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			if f < min {
+				min = f
+			}
+		}
+		b.WriteRune(min)
+	}
+	return b.String()
 }
 
 func (p *parser) hex4() (rune, error) {
@@ -445,6 +652,9 @@ func (p *parser) object(depth int) (value, error) {
 				if v.members[i].key == v.members[i-1].key {
 					return value{}, fmt.Errorf("%w: duplicate object key %q", ErrInvalidArgs, v.members[i].key)
 				}
+			}
+			if err := caseCollision(v.members); err != nil {
+				return value{}, err
 			}
 			return v, nil
 		default:
