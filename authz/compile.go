@@ -22,14 +22,37 @@ const DefaultMode = "production"
 
 // AnnouncedTool is a tool an upstream MCP server announced, joining the
 // catalog at compile time. A Tool document with the same id refines it.
+//
+// What the upstream announces can make a tool more dangerous, never less
+// (docs/design.md, "The governed party never lowers its own risk"):
+// without a Tool document the tool's class is the higher of write and
+// SideEffectClass (a readOnlyHint alone never makes an upstream tool read);
+// with one, the document's class, raised to irreversible when the upstream
+// claims irreversible (destructiveHint). Only a Tool document for the tool
+// can make it read.
 type AnnouncedTool struct {
 	ID string // canonical id, tool:<upstream>-<mapped name>
 	// Name is the name the model sees and calls (tool_prefix + announced
 	// name); it is an alias of ID.
-	Name            string
-	MCPServer       string // the upstream's name
+	Name      string
+	MCPServer string // the upstream's name
+	// SideEffectClass is the class the upstream's annotations claim (and,
+	// kept by the gateway, the highest it ever claimed for this id).
 	SideEffectClass toolgate.SideEffectClass
 	Description     string
+}
+
+// AnnouncedClass is the class of an announced tool given the class its
+// Tool document declares (doc is false when it has none): see
+// AnnouncedTool.
+func AnnouncedClass(claimed toolgate.SideEffectClass, docClass toolgate.SideEffectClass, doc bool) toolgate.SideEffectClass {
+	if !doc {
+		return max(claimed, toolgate.SideEffectWrite)
+	}
+	if claimed == toolgate.SideEffectIrreversible {
+		return claimed
+	}
+	return docClass
 }
 
 // Options are compile options; nil means none.
@@ -250,6 +273,7 @@ func (c *compiler) tools(announced []AnnouncedTool) error {
 		}
 		if idx, ok := c.s.byID[a.ID]; ok {
 			t := &c.s.tools[idx]
+			t.SideEffectClass = AnnouncedClass(a.SideEffectClass, t.SideEffectClass, true)
 			if t.MCPServer == "" {
 				t.MCPServer = a.MCPServer
 			}
@@ -260,7 +284,8 @@ func (c *compiler) tools(announced []AnnouncedTool) error {
 				t.Description = a.Description
 			}
 		} else {
-			add(Tool{ID: a.ID, Name: a.Name, Description: a.Description, SideEffectClass: a.SideEffectClass, MCPServer: a.MCPServer})
+			add(Tool{ID: a.ID, Name: a.Name, Description: a.Description, MCPServer: a.MCPServer,
+				SideEffectClass: AnnouncedClass(a.SideEffectClass, 0, false)})
 		}
 		if a.Name != "" {
 			idx := c.s.byID[a.ID]

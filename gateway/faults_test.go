@@ -37,6 +37,9 @@ const everythingBundle = `
 # One attempt only: the upstream-killed-mid-call case shows the call failing,
 # not a retry racing the restart (retries: TestRetriesThroughGateway).
 - {kind: Tool, tool_id: tool:everything-trigger-long-running-operation, side_effect_class: read, source: {mcp_server: everything}, retry: {max_attempts: 1}}
+# server-everything's readOnlyHint does not make a tool read: the bundle does.
+- {kind: Tool, tool_id: tool:everything-echo, side_effect_class: read, source: {mcp_server: everything}}
+- {kind: Tool, tool_id: tool:everything-get-sum, side_effect_class: read, source: {mcp_server: everything}}
 - kind: Agent
   agent_id: ev-agent
   version: 1.0.0

@@ -83,7 +83,10 @@ type Gateway struct {
 	mu        sync.Mutex
 	bundle    *policy.Bundle
 	announced map[string][]authz.AnnouncedTool
-	gen       int
+	// claimed is the highest class each announced tool id has claimed
+	// since the gateway started (onToolsChanged).
+	claimed map[string]toolgate.SideEffectClass
+	gen     int
 }
 
 // Run serves until ctx ends, then shuts down gracefully. reload receives a
@@ -99,7 +102,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	gw := &Gateway{cfg: cfg, log: log, announced: map[string][]authz.AnnouncedTool{}}
+	gw := &Gateway{cfg: cfg, log: log, announced: map[string][]authz.AnnouncedTool{},
+		claimed: map[string]toolgate.SideEffectClass{}}
 
 	b, err := policy.LoadDir(cfg.BundleDir)
 	if err != nil {
@@ -328,6 +332,15 @@ func (gw *Gateway) onToolsChanged(name string, tools []*mcp.Tool) {
 		gw.Gate.RecordEvent(audit.Event{EventType: string(toolgate.EventDefinitionChanged), Reason: p,
 			Details: map[string]any{"upstream": name, "refused": true}})
 	}
+	// A later announcement takes effect only as strictly as the first: the
+	// class an id ever claimed is kept (it can rise, never fall back).
+	for i := range accepted {
+		a := &accepted[i]
+		if seen, ok := gw.claimed[a.ID]; ok && seen > a.SideEffectClass {
+			a.SideEffectClass = seen
+		}
+		gw.claimed[a.ID] = a.SideEffectClass
+	}
 	prev := gw.announced[name]
 	gw.announced[name] = accepted
 	if !sameAnnounced(prev, accepted) && prev != nil {
@@ -379,13 +392,13 @@ func (gw *Gateway) reportMissingLocked(name string) {
 	if len(missing) > 0 {
 		gw.log.Warn("ceiling tools the upstream does not announce (they stay unavailable)", "upstream", name, "tools", missing)
 	}
-	// A ceiling entry below the class the upstream announces (its
-	// annotations; unknown means write) is what validate refuses for a Tool
-	// document; here the tool's own, higher class applies, and the operator
-	// is told.
+	// A ceiling entry below the class of the announced tool (at least
+	// write without a Tool document: authz.AnnouncedClass) is what validate
+	// refuses for a Tool document; here the tool's own, higher class
+	// applies, and the operator is told.
 	announced := map[string]toolgate.SideEffectClass{}
 	for _, a := range gw.announced[name] {
-		announced[a.ID] = a.SideEffectClass
+		announced[a.ID] = authz.AnnouncedClass(a.SideEffectClass, 0, false)
 	}
 	for _, t := range gw.bundle.Tools {
 		delete(announced, policy.ToolIDOf(t)) // a Tool document decides, and validate checked it
@@ -398,7 +411,7 @@ func (gw *Gateway) reportMissingLocked(name string) {
 				continue
 			}
 			if c, err := toolgate.ParseSideEffectClass(p.SideEffectClass); err == nil && c < own {
-				lower = append(lower, fmt.Sprintf("%s: %s declares %s, the upstream's annotations say %s", a.AgentID, p.ToolID, c, own))
+				lower = append(lower, fmt.Sprintf("%s: %s declares %s, the tool is %s (an upstream tool without a Tool document is at least write)", a.AgentID, p.ToolID, c, own))
 			}
 		}
 	}

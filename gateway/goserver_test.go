@@ -134,7 +134,7 @@ func TestCeilingBelowAnnouncedClass(t *testing.T) {
 			line = l
 		}
 	}
-	if !strings.Contains(line, "tool:ev-test-simple-text declares read, the upstream's annotations say write") || strings.Contains(line, "image-content") {
+	if !strings.Contains(line, "tool:ev-test-simple-text declares read, the tool is write") || strings.Contains(line, "image-content") {
 		t.Errorf("warning %q", line)
 	}
 	out := g.gw.Gate.Authorize(context.Background(), gate.Request{Identity: gate.Identity{Principal: "user:p", AgentID: "a"},

@@ -74,6 +74,7 @@ const identitySettings = `
   command: {{NODE}}
   args: [{{SERVER}}, {{WS}}]
   call_timeout: 30s
+- {kind: Tool, tool_id: tool:fs-read-text-file, side_effect_class: read, source: {mcp_server: fs}}
 `
 
 // identityAgents: the verifier agent may use bifrost.query (declared only:

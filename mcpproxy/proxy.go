@@ -743,16 +743,20 @@ func Announced(u *policy.Upstream, tools []*mcp.Tool) (ok []authz.AnnouncedTool,
 	return ok, problems
 }
 
-// classFromAnnotations reads MCP tool annotations: readOnlyHint → read,
-// destructiveHint → irreversible, otherwise write (unknown means careful).
+// classFromAnnotations is the class an upstream's annotations claim:
+// destructiveHint → irreversible (also with readOnlyHint: contradictory
+// claims read as the worse one), readOnlyHint → read, otherwise write
+// (unknown means careful). A claim only ever raises a tool's class: the
+// catalog (authz.Compile) never lets it lower the class the bundle gives,
+// and without a Tool document an announced tool is at least write.
 func classFromAnnotations(a *mcp.ToolAnnotations) toolgate.SideEffectClass {
 	switch {
 	case a == nil:
 		return toolgate.SideEffectWrite
-	case a.ReadOnlyHint:
-		return toolgate.SideEffectRead
 	case a.DestructiveHint != nil && *a.DestructiveHint:
 		return toolgate.SideEffectIrreversible
+	case a.ReadOnlyHint:
+		return toolgate.SideEffectRead
 	}
 	return toolgate.SideEffectWrite
 }
