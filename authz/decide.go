@@ -565,7 +565,14 @@ func (e *eval) checkApproval() (*toolgate.Decision, bool) {
 				}
 				for _, prog := range pt.escalateIf {
 					ok, err := prog.Eval(e.condVars())
-					if ok || err != nil {
+					if err != nil {
+						// A rule that cannot be evaluated denies: it never
+						// becomes an approval prompt someone could click.
+						d := e.deny(toolgate.CodeConditionFailed, toolgate.LayerApproval,
+							fmt.Sprintf("approval layer: ToolPolicy %s escalation rule %s could not be evaluated for these arguments: %v (an evaluation error denies); fix the rule or the arguments", p.name, prog.Expr, err))
+						return &d, false
+					}
+					if ok {
 						why = fmt.Sprintf("ToolPolicy %s escalation rule %s matches", p.name, prog.Expr)
 						break
 					}
@@ -603,7 +610,12 @@ func (e *eval) policyGuard() (effect, reason string, deny *toolgate.Decision) {
 				}
 				ok, err := g.prog.Eval(e.condVars())
 				if err != nil {
-					return "escalate", fmt.Sprintf(" (rule %q could not be evaluated: %v)", g.prog.Expr, err), nil
+					// Fail closed: an unevaluable rule denies, never
+					// escalates (an approver could be led to allow what the
+					// rule was written to judge).
+					d := e.deny(toolgate.CodeConditionFailed, toolgate.LayerApproval,
+						fmt.Sprintf("approval layer: the Policy Guard rule %s of ToolPolicy %s could not be evaluated for these arguments: %v (an evaluation error denies); fix the rule or the arguments", g.prog.Expr, p.name, err))
+					return "deny", "", &d
 				}
 				if !ok {
 					continue

@@ -353,7 +353,7 @@ func TestDecidePolicyGuard(t *testing.T) {
 		{"allow rule matches", call("pay_refund", args("amount", 20)), allow(refund), nil},
 		{"deny rule matches", call("pay_refund", args("amount", 20000)), deny(toolgate.CodePolicyDenied, toolgate.LayerApproval, refund), []string{"Policy Guard", "far too large"}},
 		{"escalate rule matches", call("pay_refund", args("amount", 500)), approval(refund), []string{"larger refunds need a human"}},
-		{"a rule that cannot be evaluated escalates", call("pay_refund", args()), approval(refund), []string{"could not be evaluated"}},
+		{"a rule that cannot be evaluated denies", call("pay_refund", args()), deny(toolgate.CodeConditionFailed, toolgate.LayerApproval, refund), []string{"could not be evaluated", "an evaluation error denies"}},
 		{"unconditional deny rule", call("pay_void", args()), deny(toolgate.CodePolicyDenied, toolgate.LayerApproval, "tool:pay-void"), []string{"voids are never automatic"}},
 		{"no rule matches: escalate to a human", call("pay_read", args()), approval("tool:pay-read"), []string{"no policy_guard rule matches"}},
 		{"hitl tier always asks a human", call("pay_export", args()), approval("tool:pay-export"), []string{"hitl"}},

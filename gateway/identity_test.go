@@ -48,6 +48,8 @@ const (
 	// ownerKey is user:owner's API key for the verifier agent.
 	ownerKey  = "tg-test-owner"
 	idpIssuer = "https://idp.test/"
+	// rolesIssuer's tokens must carry a roles claim.
+	rolesIssuer = "https://idp-roles.test/"
 )
 
 // identitySettings trusts one identity provider (the test's keys, in
@@ -60,6 +62,14 @@ const identitySettings = `
   anonymous: {principal: user:anon, agent_id: verifier, deployment_mode: production}
   jwt_issuers:
     - issuer: https://idp.test/
+      audience: [toolgate]
+      jwks_file: jwks.json
+      algorithms: [RS256, ES256]
+      principal_prefix: "user:"
+      agent_id: verifier
+      deployment_mode: production
+    # Tokens that must name their roles (a token without the claim is refused).
+    - issuer: https://idp-roles.test/
       audience: [toolgate]
       jwks_file: jwks.json
       algorithms: [RS256, ES256]
@@ -543,7 +553,7 @@ func TestIdentityWyrdTable(t *testing.T) {
 		{"resource only, delegate", resourceOnly, "user:owner", 403, "rbac_tool_invoke", []string{}, "hidden"},
 		{"both, JWT", e.jwt(t, "both", nil), "user:both", 200, "ok", []string{"sql_query"}, "allow"},
 		{"both, delegate minted by toolgate delegate", both, "user:owner", 200, "ok", []string{"sql_query"}, "allow"},
-		{"both, JWT narrowed by its roles claim to invoke only", e.jwt(t, "both", map[string]any{"roles": []string{"bifrost-invoker"}}),
+		{"both, JWT narrowed by its roles claim to invoke only", e.jwt(t, "both", map[string]any{"iss": rolesIssuer, "roles": []string{"bifrost-invoker"}}),
 			"user:both", 403, "rbac_resource", []string{}, "hidden"},
 	}
 	for _, tc := range cases {
@@ -614,7 +624,7 @@ func TestIdentityDelegateNeverWider(t *testing.T) {
 			code        string
 		}{
 			{"a delegate", dlg, map[string]any{"delegate": "svc:b", "grants": []string{"tool:invoke:sql.query"}}, 403, "delegated_identity"},
-			{"a role-narrowed JWT", e.jwt(t, "both", map[string]any{"roles": []string{"bifrost-invoker"}}),
+			{"a role-narrowed JWT", e.jwt(t, "both", map[string]any{"iss": rolesIssuer, "roles": []string{"bifrost-invoker"}}),
 				map[string]any{"delegate": "svc:b", "grants": []string{"tool:invoke:bifrost.query"}}, 403, "delegated_identity"},
 			{"another agent", ownerKey, map[string]any{"delegate": "svc:b", "agent_id": "other", "grants": []string{"tool:invoke:sql.query"}}, 400, "bad_request"},
 			{"another environment", ownerKey, map[string]any{"delegate": "svc:b", "environment": "staging", "grants": []string{"tool:invoke:sql.query"}}, 400, "bad_request"},

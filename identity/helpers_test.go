@@ -183,6 +183,15 @@ const testBundle = `
       jwks_file: jwks.json
       algorithms: [RS256, ES256, EdDSA]
       principal_prefix: "user:"
+      agent_id: scheduler
+      environment: {claim: env}
+      deployment_mode: production
+    # The same IdP's tokens for clients that must name their roles.
+    - issuer: https://idp-roles.test/
+      audience: [toolgate, other]
+      jwks_file: jwks.json
+      algorithms: [RS256, ES256, EdDSA]
+      principal_prefix: "user:"
       roles_claim: roles
       agent_id: scheduler
       environment: {claim: env}

@@ -414,18 +414,23 @@ func (a *Authenticator) mapClaims(is *issuer, claims map[string]any) (gate.Ident
 		return gate.Identity{}, fmt.Errorf("agent %q is not a declared Agent", id.AgentID)
 	}
 	if cfg.RolesClaim != "" {
-		if raw, present := claims[cfg.RolesClaim]; present {
-			roles, err := roleList(raw)
-			if err != nil {
-				return gate.Identity{}, fmt.Errorf("claim %s: %v", cfg.RolesClaim, err)
-			}
-			for _, r := range roles {
-				if roleOf(a.b, r) == nil {
-					return gate.Identity{}, fmt.Errorf("role %s (claim %s) is not a declared Role", r, cfg.RolesClaim)
-				}
-			}
-			id.Delegation = &gate.Delegation{Roles: roles}
+		// Fail closed: with roles_claim configured, a token without the
+		// claim is refused, never given the principal's whole authority
+		// (an IdP that leaves the claim out must not widen a token).
+		raw, present := claims[cfg.RolesClaim]
+		if !present {
+			return gate.Identity{}, fmt.Errorf("the token has no claim %s (roles_claim is configured for this issuer, so every token must name its roles; an empty list grants nothing)", cfg.RolesClaim)
 		}
+		roles, err := roleList(raw)
+		if err != nil {
+			return gate.Identity{}, fmt.Errorf("claim %s: %v", cfg.RolesClaim, err)
+		}
+		for _, r := range roles {
+			if roleOf(a.b, r) == nil {
+				return gate.Identity{}, fmt.Errorf("role %s (claim %s) is not a declared Role", r, cfg.RolesClaim)
+			}
+		}
+		id.Delegation = &gate.Delegation{Roles: roles}
 	}
 	return id, nil
 }

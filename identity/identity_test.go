@@ -42,8 +42,8 @@ func TestVerifyJWT(t *testing.T) {
 		{"no kid, one fitting key", sign(t, jose.ES256, p.ec, "", claims(nil), nil), alice, ""},
 		{"second audience", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"aud": "other"}), nil), alice, ""},
 		{"expired within the clock skew", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"exp": t0.Add(-10 * time.Second).Unix()}), nil), alice, ""},
-		{"roles narrow", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"roles": []string{"invoker"}}), nil), withRoles("invoker"), ""},
-		{"roles as a string", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"roles": "reader invoker reader"}), nil), withRoles("reader", "invoker"), ""},
+		{"roles narrow", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"iss": rolesIssuer, "roles": []string{"invoker"}}), nil), withRoles("invoker"), ""},
+		{"roles as a string", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"iss": rolesIssuer, "roles": "reader invoker reader"}), nil), withRoles("reader", "invoker"), ""},
 
 		{"expired", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"exp": t0.Add(-time.Hour).Unix()}), nil), gate.Identity{}, "expired"},
 		{"not yet valid", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"nbf": t0.Add(time.Hour).Unix()}), nil), gate.Identity{}, "not valid yet"},
@@ -61,7 +61,8 @@ func TestVerifyJWT(t *testing.T) {
 		{"embedded jwk is ignored", sign(t, jose.RS256, p.other, "rsa-1", claims(nil),
 			map[jose.HeaderKey]any{"jwk": jose.JSONWebKey{Key: p.other.Public()}}), gate.Identity{}, "bad signature"},
 		{"undeclared principal", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"sub": "mallory"}), nil), gate.Identity{}, "user:mallory (claim sub) is not a declared Principal"},
-		{"undeclared role", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"roles": []string{"invoker", "admin"}}), nil), gate.Identity{}, "role admin"},
+		{"roles_claim configured, no roles claim", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"iss": rolesIssuer}), nil), gate.Identity{}, "has no claim roles"},
+		{"undeclared role", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"iss": rolesIssuer, "roles": []string{"invoker", "admin"}}), nil), gate.Identity{}, "role admin"},
 		{"missing bound claim", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"env": nil}), nil), gate.Identity{}, "no claim env"},
 		{"principal claim not a string", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"sub": 42}), nil), gate.Identity{}, "sub"},
 		{"not a JWT", "not-a-token", gate.Identity{}, "not a JWT"},
@@ -82,7 +83,7 @@ func TestVerifyJWT(t *testing.T) {
 			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(gate.Delegation{}, "ID")); diff != "" {
 				t.Errorf("identity (-want +got):\n%s", diff)
 			}
-			if got.Delegation != nil && !strings.HasPrefix(got.Delegation.ID, "jwt:https://idp.test/:") {
+			if got.Delegation != nil && !strings.HasPrefix(got.Delegation.ID, "jwt:"+rolesIssuer+":") {
 				t.Errorf("delegation id %q", got.Delegation.ID)
 			}
 		})
@@ -99,7 +100,7 @@ func TestVerifyJWT(t *testing.T) {
 		}
 	})
 	t.Run("one token gives one delegation pointer", func(t *testing.T) {
-		tok := sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"roles": []string{"reader"}}), nil)
+		tok := sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"iss": rolesIssuer, "roles": []string{"reader"}}), nil)
 		a, _ := auth.Verify(tok)
 		b, _ := auth.Verify(tok)
 		if a != b {
@@ -339,3 +340,6 @@ func TestNewRefusesOpenIssuer(t *testing.T) {
 		})
 	}
 }
+
+// rolesIssuer is the test issuer whose tokens must name their roles.
+const rolesIssuer = "https://idp-roles.test/"

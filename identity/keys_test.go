@@ -114,7 +114,7 @@ func TestJWKSURL(t *testing.T) {
 	redirect := httptest.NewServer(http.RedirectHandler(ts.URL, http.StatusFound))
 	defer redirect.Close()
 
-	src := strings.Replace(testBundle, "jwks_file: jwks.json", "jwks_url: "+ts.URL+"/jwks", 1)
+	src := strings.Replace(testBundle, "jwks_file: jwks.json", "jwks_url: "+ts.URL+"/jwks", -1)
 	c := &clock{t: t0}
 	auth := newAuth(t, loadBundle(t, src, nil), nil, c)
 	if srv.count() != 0 {
@@ -157,13 +157,13 @@ func TestJWKSURL(t *testing.T) {
 		down.set(nil, http.StatusNotFound)
 		ds := httptest.NewServer(down)
 		defer ds.Close()
-		a := newAuth(t, loadBundle(t, strings.Replace(testBundle, "jwks_file: jwks.json", "jwks_url: "+ds.URL, 1), nil), nil, &clock{t: t0})
+		a := newAuth(t, loadBundle(t, strings.Replace(testBundle, "jwks_file: jwks.json", "jwks_url: "+ds.URL, -1), nil), nil, &clock{t: t0})
 		if _, err := a.Verify(sign(t, jose.RS256, p.rsa, "rsa-1", claims(nil), nil)); !errors.Is(err, identity.ErrUnauthenticated) || !strings.Contains(err.Error(), "could not be fetched") {
 			t.Errorf("got %v", err)
 		}
 	})
 	t.Run("redirects are not followed", func(t *testing.T) {
-		a := newAuth(t, loadBundle(t, strings.Replace(testBundle, "jwks_file: jwks.json", "jwks_url: "+redirect.URL, 1), nil), nil, &clock{t: t0})
+		a := newAuth(t, loadBundle(t, strings.Replace(testBundle, "jwks_file: jwks.json", "jwks_url: "+redirect.URL, -1), nil), nil, &clock{t: t0})
 		if _, err := a.Verify(sign(t, jose.RS256, p.rsa, "rsa-1", claims(nil), nil)); err == nil || !strings.Contains(err.Error(), "redirect") {
 			t.Errorf("got %v", err)
 		}
