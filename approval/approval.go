@@ -55,6 +55,10 @@ type Binding struct {
 	InstanceID string `json:"instance_id"`
 	// Environment is the instance's environment ("" for none).
 	Environment string `json:"environment"`
+	// DeploymentMode is the mode the call was decided in ("production"):
+	// an approval asked in one mode is never used in another. It is part
+	// of BindingDigest (stores keep the digest, not a column).
+	DeploymentMode string `json:"deployment_mode,omitempty"`
 	// ToolID is the canonical tool id ("tool:supabase-write").
 	ToolID string `json:"tool_id"`
 	// ArgsDigest is ArgsDigest of the call's arguments.
@@ -64,28 +68,32 @@ type Binding struct {
 // bindingKey lists the binding's fields with keys in sorted order, so its
 // encoding is canonical.
 type bindingKey struct {
-	AgentID     string `json:"agent_id"`
-	ArgsDigest  string `json:"args_digest"`
-	Environment string `json:"environment"`
-	InstanceID  string `json:"instance_id"`
-	Principal   string `json:"principal"`
-	Requester   string `json:"requester,omitempty"`
-	ToolID      string `json:"tool_id"`
+	AgentID        string `json:"agent_id"`
+	ArgsDigest     string `json:"args_digest"`
+	DeploymentMode string `json:"deployment_mode,omitempty"`
+	Environment    string `json:"environment"`
+	InstanceID     string `json:"instance_id"`
+	Principal      string `json:"principal"`
+	Requester      string `json:"requester,omitempty"`
+	ToolID         string `json:"tool_id"`
 }
 
 // Digest returns hex(sha256(canonical JSON of the binding)) (64 lower-case
-// hex characters), where the canonical JSON is the object of the six fields
-// with keys sorted: {"agent_id":…,"args_digest":…,"environment":…,
-// "instance_id":…,"principal":…,"tool_id":…}.
+// hex characters), where the canonical JSON is the object of the fields
+// with keys sorted: {"agent_id":…,"args_digest":…,"deployment_mode":…,
+// "environment":…,"instance_id":…,"principal":…,"requester":…,"tool_id":…}
+// (deployment_mode and requester left out when empty). Every field is a
+// JSON string, so no two bindings share a digest.
 func (b Binding) Digest() string {
 	j, _ := json.Marshal(bindingKey{ // strings only: cannot fail
-		AgentID:     b.AgentID,
-		ArgsDigest:  b.ArgsDigest,
-		Environment: b.Environment,
-		InstanceID:  b.InstanceID,
-		Principal:   b.Principal,
-		Requester:   b.Requester,
-		ToolID:      b.ToolID,
+		AgentID:        b.AgentID,
+		ArgsDigest:     b.ArgsDigest,
+		DeploymentMode: b.DeploymentMode,
+		Environment:    b.Environment,
+		InstanceID:     b.InstanceID,
+		Principal:      b.Principal,
+		Requester:      b.Requester,
+		ToolID:         b.ToolID,
 	})
 	sum := sha256.Sum256(j)
 	return hex.EncodeToString(sum[:])

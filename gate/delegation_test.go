@@ -313,3 +313,65 @@ func TestPendingApprovalsAreCapped(t *testing.T) {
 		t.Errorf("another principal got no approval: %+v", out.Decision)
 	}
 }
+
+// TestApprovalBindsEveryIdentityField: an approval granted for a call is
+// used only by exactly that call: the same tool and arguments in another
+// deployment mode, instance, environment, agent or principal, or as a
+// delegate, do not consume it.
+func TestApprovalBindsEveryIdentityField(t *testing.T) {
+	ctx := context.Background()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "tg.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	src := delegationBundle + `
+- {kind: RuntimePolicy, agent_id: scheduler, deployment_mode: staging, tool_authorization_policy: {active_tool_set: all}}
+- kind: Agent
+  agent_id: other
+  version: 1.0.0
+  tool_permissions: [{tool_id: tool:fs-write, side_effect_class: write, approval_tier: hitl}]
+- {kind: RuntimePolicy, agent_id: other, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}
+- {kind: Instance, instance_id: acme}
+- {kind: Instance, instance_id: globex}
+- {kind: Principal, principal_id: user:twin, roles: [invoker]}
+`
+	g := gate.New(compile(t, src), &gate.Options{Approvals: st})
+	base := gate.Identity{Principal: "user:owner", AgentID: "scheduler", InstanceID: "acme", Environment: "prod", DeploymentMode: "production"}
+	call := func(id gate.Identity) gate.Request {
+		return gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(`{"path":"a"}`), Via: "test"}
+	}
+	out := g.Authorize(ctx, call(base))
+	if out.Decision.Verdict != toolgate.RequireApproval || out.ApprovalID == "" {
+		t.Fatalf("first call: %+v", out.Decision)
+	}
+	if _, err := g.DecideApproval(ctx, out.ApprovalID, true, "user:lead", "ok", "test"); err != nil {
+		t.Fatal(err)
+	}
+	others := map[string]gate.Identity{}
+	mod := func(name string, f func(*gate.Identity)) {
+		id := base
+		f(&id)
+		others[name] = id
+	}
+	mod("deployment mode", func(id *gate.Identity) { id.DeploymentMode = "staging" })
+	mod("instance", func(id *gate.Identity) { id.InstanceID = "globex" })
+	mod("environment", func(id *gate.Identity) { id.Environment = "staging" })
+	mod("agent", func(id *gate.Identity) { id.AgentID = "other" })
+	mod("principal", func(id *gate.Identity) { id.Principal = "user:twin" })
+	mod("a delegate of the principal", func(id *gate.Identity) {
+		id.Delegation = &gate.Delegation{ID: "dlg_x", Delegate: "svc:x", ExpiresAt: time.Now().Add(time.Hour),
+			Grants: []policy.Grant{{Resource: "tool", Action: "invoke", Scope: policy.Scope{All: true}}}}
+	})
+	for name, id := range others {
+		t.Run(name, func(t *testing.T) {
+			got := g.Authorize(ctx, call(id))
+			if got.Decision.Verdict == toolgate.Allow || got.ApprovalID == out.ApprovalID {
+				t.Errorf("the approval for %+v was used by a call with another %s: %+v (approval %s)", base, name, got.Decision, got.ApprovalID)
+			}
+		})
+	}
+	if got := g.Authorize(ctx, call(base)); got.Decision.Verdict != toolgate.Allow || got.ApprovalID != out.ApprovalID {
+		t.Errorf("the approved call itself: %+v (approval %s)", got.Decision, got.ApprovalID)
+	}
+}

@@ -304,8 +304,12 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 		d.Reason += " (this gateway has no approval store, so the call cannot be approved here)"
 		return d
 	}
+	mode := req.DeploymentMode
+	if mode == "" {
+		mode = snap.Settings().DefaultDeploymentMode
+	}
 	b := approval.Binding{Principal: req.Principal, AgentID: req.AgentID, InstanceID: req.InstanceID,
-		Environment: req.Environment, ToolID: d.ToolID, ArgsDigest: out.ArgsDigest}
+		Environment: req.Environment, DeploymentMode: mode, ToolID: d.ToolID, ArgsDigest: out.ArgsDigest}
 	if r := requestedBy(req.Identity); r != req.Principal {
 		b.Requester = r // a delegate's approval is its own
 	}
