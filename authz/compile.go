@@ -55,6 +55,42 @@ func AnnouncedClass(claimed toolgate.SideEffectClass, docClass toolgate.SideEffe
 	return docClass
 }
 
+// CheckAnnounced splits announced tools into those that may join the
+// catalog and those refused, with why: a tool id is one tool, so an
+// announced id that a Tool document declares with another source (a
+// built-in, an HTTP endpoint, an A2A agent, or another upstream) is refused,
+// never merged into that tool (docs/design.md, "Identifiers must be
+// injective"). Compile applies it too.
+func CheckAnnounced(b *policy.Bundle, announced []AnnouncedTool) (ok []AnnouncedTool, problems []string) {
+	docs := map[string]*policy.Tool{}
+	if b != nil {
+		for _, d := range b.Tools {
+			docs[policy.ToolIDOf(d)] = d
+		}
+	}
+	for _, a := range announced {
+		d := docs[a.ID]
+		if d == nil {
+			ok = append(ok, a)
+			continue
+		}
+		src := d.Source
+		switch {
+		case src.Builtin != "":
+			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as the built-in tool %s; the upstream's tool is refused (rename it with the upstream's tool_prefix, or drop the Tool document)", a.MCPServer, a.ID, src.Builtin))
+		case src.HTTP != "":
+			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as an HTTP tool; the upstream's tool is refused", a.MCPServer, a.ID))
+		case d.A2AAgent != "":
+			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as A2A agent %s; the upstream's tool is refused", a.MCPServer, a.ID, d.A2AAgent))
+		case src.MCPServer != "" && src.MCPServer != a.MCPServer:
+			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as a tool of upstream %s; the upstream's tool is refused", a.MCPServer, a.ID, src.MCPServer))
+		default:
+			ok = append(ok, a)
+		}
+	}
+	return ok, problems
+}
+
 // Options are compile options; nil means none.
 type Options struct {
 	// Announced adds upstream tools to the catalog.
@@ -221,7 +257,8 @@ func Compile(b *policy.Bundle, opts *Options) (*Snapshot, *policy.Report, error)
 	if c.s.settings.DefaultDeploymentMode == "" {
 		c.s.settings.DefaultDeploymentMode = DefaultMode
 	}
-	if err := c.tools(opts.Announced); err != nil {
+	announced, _ := CheckAnnounced(b, opts.Announced)
+	if err := c.tools(announced); err != nil {
 		return nil, rep, err
 	}
 	c.agents()

@@ -327,6 +327,8 @@ func (gw *Gateway) onToolsChanged(name string, tools []*mcp.Tool) {
 		return
 	}
 	accepted, problems := mcpproxy.Announced(u, tools)
+	accepted, conflicts := authz.CheckAnnounced(gw.bundle, accepted)
+	problems = append(problems, conflicts...)
 	for _, p := range problems {
 		gw.log.Warn("upstream tool refused", "upstream", name, "problem", p)
 		gw.Gate.RecordEvent(audit.Event{EventType: string(toolgate.EventDefinitionChanged), Reason: p,
