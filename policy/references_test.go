@@ -243,9 +243,13 @@ var referenceCases = []validateCase{
 - {kind: Upstream, name: fs, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
 - {kind: Upstream, name: fsx, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: fs_x_}   # want error "tool_prefix \"fs_x_\" and upstream fs's \"fs_\" start one another"
 `)},
-	{name: "an empty tool prefix starts every other", files: one("u.yaml", `
+	{name: "an empty tool prefix beside another", files: one("u.yaml", `
 - {kind: Upstream, name: gh, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
-- {kind: Upstream, name: raw, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: ""}   # want error "start one another"
+- {kind: Upstream, name: raw, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: ""}   # want warning "Upstream raw: its tool_prefix is empty, so any of its tool names may start with upstream gh's \"gh_\""
+`)},
+	{name: "nested tool prefixes declared the other way round", files: one("u.yaml", `
+- {kind: Upstream, name: fsx, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: fs_x_}
+- {kind: Upstream, name: fs, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}   # want error "tool_prefix \"fs_\" and upstream fsx's \"fs_x_\" start one another"
 `)},
 	{name: "prefixes apart", clean: true, files: one("u.yaml", `
 - {kind: Upstream, name: fs, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
