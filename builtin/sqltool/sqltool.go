@@ -27,11 +27,23 @@
 // the authorizer still enforcing) or in a READ ONLY transaction (PostgreSQL),
 // under a statement timeout.
 //
-// Known limits: on PostgreSQL, functions outside pg_catalog are refused
-// unless Config.AllowedFunctions names them, but user-defined operators and
-// casts (which call functions) are not checked; a view's own functions and
-// row-level policies are the view owner's. On SQLite a query naming a table
-// that does not exist fails to prepare, so the refusal says so before
+// The functions a query may call are an allow-list (functions.go): on
+// SQLite every function the authorizer reports (views included); on
+// PostgreSQL every function call, every operator (one of pg_catalog, one an
+// extension installed, or one whose function is allowed), every cast or
+// type whose cast function or domain constraint calls a function, and
+// TABLESAMPLE methods, in the query and in the body of every view it
+// reads. Config.AllowedFunctions permits more.
+//
+// Resource names are injective: a part holding '.' or '"' is quoted
+// (policy.JoinName), so the table "orders.secret" is shop."orders.secret",
+// which a grant on shop.orders does not cover.
+//
+// Known limits: on PostgreSQL, what the planner chooses implicitly is not
+// seen (implicit casts, and the equality and sort operators of GROUP BY,
+// DISTINCT and joins, for types defined outside pg_catalog); row-level
+// policies are the table owner's. On SQLite a query naming a table that
+// does not exist fails to prepare, so the refusal says so before
 // authorization (PostgreSQL and describe_table report the name instead).
 package sqltool
 
@@ -131,8 +143,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("database %q: statement_timeout and max_rows must not be negative", c.Name)
 	}
 	for _, f := range c.AllowedFunctions {
-		if strings.Count(f, ".") != 1 {
-			return fmt.Errorf("database %q: allowed_functions entry %q must be schema.name", c.Name, f)
+		if _, ok := parseFunctionName(f); !ok {
+			return fmt.Errorf("database %q: allowed_functions entry %q must be schema.name (a part in double quotes is taken as written, an unquoted one in lower case)", c.Name, f)
 		}
 	}
 	return nil

@@ -79,9 +79,18 @@ func pgSchema(t testing.TB) (dsn, schema string) {
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	schema = "tg_builtin_" + hex.EncodeToString(rnd[:])
-	setup := fmt.Sprintf("CREATE SCHEMA %s; SET search_path = %s; %s\n"+
-		"CREATE FUNCTION %s.peek_tokens() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM %s.api_tokens';",
-		schema, schema, fixtureSQL(t), schema, schema)
+	// peek_tokens reads api_tokens in its body; === , peeky and the cast
+	// into mood reach it (or one like it) without naming it
+	// (testdata/functions.yaml).
+	setup := fmt.Sprintf("CREATE SCHEMA %[1]s; SET search_path = %[1]s; %[2]s\n"+
+		"CREATE FUNCTION %[1]s.peek_tokens() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM %[1]s.api_tokens';\n"+
+		"CREATE FUNCTION %[1]s.peek_eq(int, int) RETURNS bool LANGUAGE sql AS 'SELECT count(*) > 0 FROM %[1]s.api_tokens';\n"+
+		"CREATE OPERATOR %[1]s.=== (FUNCTION = %[1]s.peek_eq, LEFTARG = int, RIGHTARG = int);\n"+
+		"CREATE DOMAIN %[1]s.peeky AS int CHECK (%[1]s.peek_tokens() >= 0);\n"+
+		"CREATE TYPE %[1]s.mood AS ENUM ('ok');\n"+
+		"CREATE FUNCTION %[1]s.mood_of(int) RETURNS %[1]s.mood LANGUAGE sql AS 'SELECT ''ok''::%[1]s.mood FROM %[1]s.api_tokens LIMIT 1';\n"+
+		"CREATE CAST (int AS %[1]s.mood) WITH FUNCTION %[1]s.mood_of(int);",
+		schema, fixtureSQL(t))
 	if _, err := conn.Exec(ctx, setup); err != nil {
 		conn.Close(ctx)
 		t.Fatal(err)
@@ -103,6 +112,7 @@ type backendCase struct {
 	driver string
 	db     *DB
 	prefix string // resource name prefix before the table
+	schema string // PostgreSQL: the test's own schema
 }
 
 // backends opens the fixture on both databases.
@@ -119,7 +129,7 @@ func backends(t *testing.T, mod func(*Config)) []backendCase {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sdb.Close() })
-	out = append(out, backendCase{DriverSQLite, sdb, "shop."})
+	out = append(out, backendCase{DriverSQLite, sdb, "shop.", ""})
 	if os.Getenv("TOOLGATE_PG_DSN") == "off" {
 		t.Log("TOOLGATE_PG_DSN=off: PostgreSQL cases skipped")
 		return out
@@ -134,7 +144,7 @@ func backends(t *testing.T, mod func(*Config)) []backendCase {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pdb.Close() })
-	return append(out, backendCase{DriverPostgres, pdb, "shop." + schema + "."})
+	return append(out, backendCase{DriverPostgres, pdb, "shop." + schema + ".", schema})
 }
 
 func toolsFor(t *testing.T, db *DB, opts *Options) map[string]builtin.Tool {
@@ -177,9 +187,9 @@ type queryCase struct {
 	Names  []string      `yaml:"names"`
 }
 
-func loadCases(t *testing.T) []queryCase {
+func loadCases(t *testing.T, file string) []queryCase {
 	t.Helper()
-	b, err := os.ReadFile("testdata/queries.yaml")
+	b, err := os.ReadFile(filepath.Join("testdata", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,8 +202,17 @@ func loadCases(t *testing.T) []queryCase {
 	return cs
 }
 
-func TestQueryCases(t *testing.T) {
-	cases := loadCases(t)
+func TestQueryCases(t *testing.T) { runQueryCases(t, "queries.yaml") }
+
+// TestFunctionAllowList pins the allow-list of functions a query may call
+// (functions.go), through calls, operators, casts and TABLESAMPLE, on the
+// real SQLite and PostgreSQL.
+func TestFunctionAllowList(t *testing.T) { runQueryCases(t, "functions.yaml") }
+
+// runQueryCases checks Inspect and Run of every case of a testdata file on
+// both databases.
+func runQueryCases(t *testing.T, file string) {
+	cases := loadCases(t, file)
 	for _, be := range backends(t, nil) {
 		tl := toolsFor(t, be.db, nil)[QueryName]
 		t.Run(be.driver, func(t *testing.T) {
@@ -203,11 +222,12 @@ func TestQueryCases(t *testing.T) {
 				}
 				t.Run(tc.Name, func(t *testing.T) {
 					ctx := context.Background()
-					got, err := tl.Inspect(ctx, inv(map[string]string{"query": tc.Query}))
+					q := strings.ReplaceAll(tc.Query, "{schema}", be.schema)
+					got, err := tl.Inspect(ctx, inv(map[string]string{"query": q}))
 					if diff := cmp.Diff(tc.Code, codeOf(err)); diff != "" {
 						t.Fatalf("code (-want +got):\n%s\nerr: %v", diff, err)
 					}
-					_, rerr := tl.Run(ctx, inv(map[string]string{"query": tc.Query}))
+					_, rerr := tl.Run(ctx, inv(map[string]string{"query": q}))
 					if tc.Code != "" {
 						var te *toolgate.Error
 						errors.As(err, &te)
@@ -579,5 +599,98 @@ func TestSQLiteValueSizeBounded(t *testing.T) {
 	}
 	if _, err := query.Run(ctx, inv); err == nil {
 		t.Fatal("a 900 MB value was built; want a too-big error")
+	}
+}
+
+// TestFunctionsThroughViews checks that a function a view calls is held to
+// the allow-list like one the query names: reading the view runs it.
+func TestFunctionsThroughViews(t *testing.T) {
+	ctx := context.Background()
+	type viewCase struct {
+		name  string
+		query string
+		names []string // "" refusal: the query passes
+	}
+	t.Run(DriverSQLite, func(t *testing.T) {
+		p := sqliteFile(t)
+		raw, err := sql.Open("sqlite", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.Exec(`CREATE VIEW build AS SELECT sqlite_version() AS v;
+			CREATE VIEW over_build AS SELECT v FROM build;
+			CREATE VIEW fine AS SELECT lower(status) AS s FROM orders`); err != nil {
+			t.Fatal(err)
+		}
+		raw.Close()
+		db, err := Open(ctx, Config{Name: "shop", Driver: DriverSQLite, Path: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		for _, tc := range []viewCase{
+			{"view calling an unsafe function", "SELECT * FROM build", []string{"sqlite_version"}},
+			{"view over such a view", "SELECT * FROM over_build", []string{"sqlite_version"}},
+			{"view calling safe functions", "SELECT * FROM fine", nil},
+		} {
+			t.Run(tc.name, func(t *testing.T) { checkViewCase(t, db, tc.query, tc.names) })
+		}
+	})
+	t.Run(DriverPostgres, func(t *testing.T) {
+		if os.Getenv("TOOLGATE_PG_DSN") == "off" {
+			t.Skip("TOOLGATE_PG_DSN=off")
+		}
+		dsn, schema := pgSchema(t)
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE VIEW %[1]s.peek_view AS SELECT %[1]s.peek_tokens() AS n;
+			CREATE VIEW %[1]s.over_peek AS SELECT n FROM %[1]s.peek_view;
+			CREATE VIEW %[1]s.op_view AS SELECT id FROM %[1]s.orders WHERE id OPERATOR(%[1]s.===) 1;
+			CREATE VIEW %[1]s.setting_view AS SELECT current_setting('search_path') AS s;
+			CREATE VIEW %[1]s.fine_view AS SELECT lower(status) AS s, count(*) AS n FROM %[1]s.orders GROUP BY 1`, schema))
+		conn.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db, err := Open(ctx, Config{Name: "shop", Driver: DriverPostgres, DSN: dsn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		for _, tc := range []viewCase{
+			{"view calling a function outside pg_catalog", "SELECT * FROM peek_view", []string{"view " + schema + ".peek_view, whose body has function", "peek_tokens"}},
+			{"view over such a view", "SELECT * FROM over_peek", []string{"peek_view", "peek_tokens"}},
+			{"view using a user operator", "SELECT * FROM op_view", []string{"op_view", "===", "peek_eq"}},
+			{"view calling an unsafe pg_catalog function", "SELECT * FROM setting_view", []string{"setting_view", "current_setting"}},
+			{"view calling safe functions", "SELECT * FROM fine_view", nil},
+		} {
+			t.Run(tc.name, func(t *testing.T) { checkViewCase(t, db, tc.query, tc.names) })
+		}
+	})
+}
+
+func checkViewCase(t *testing.T, db *DB, query string, names []string) {
+	t.Helper()
+	tl := toolsFor(t, db, nil)[QueryName]
+	ctx := context.Background()
+	_, err := tl.Inspect(ctx, inv(map[string]string{"query": query}))
+	_, rerr := tl.Run(ctx, inv(map[string]string{"query": query}))
+	if names == nil {
+		if err != nil || rerr != nil {
+			t.Fatalf("Inspect: %v; Run: %v", err, rerr)
+		}
+		return
+	}
+	for _, e := range []error{err, rerr} {
+		if codeOf(e) != toolgate.CodeUnsafeQuery {
+			t.Fatalf("code %q, want %q (%v)", codeOf(e), toolgate.CodeUnsafeQuery, e)
+		}
+		for _, n := range names {
+			if !strings.Contains(e.Error(), n) {
+				t.Errorf("refusal %q does not name %q", e, n)
+			}
+		}
 	}
 }
