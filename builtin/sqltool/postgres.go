@@ -110,14 +110,6 @@ func (b *pgBackend) listTables(ctx context.Context) ([]TableInfo, error) {
 	return out, err
 }
 
-// splitQualified splits "schema.table" written by a caller; quoted
-// identifiers are not supported here, names are taken literally.
-func splitQualified(name string) TableRef {
-	if s, t, ok := strings.Cut(name, "."); ok {
-		return TableRef{Schema: s, Name: t}
-	}
-	return TableRef{Name: name}
-}
 
 // resolveRel finds the relation PostgreSQL itself would use for ref
 // (to_regclass applies search_path). A relation that does not exist is
@@ -146,7 +138,11 @@ func resolveRel(ctx context.Context, tx pgx.Tx, ref TableRef) (oid uint32, out T
 func (b *pgBackend) resolveTable(ctx context.Context, name string) (TableRef, error) {
 	var out TableRef
 	err := b.readTx(ctx, func(tx pgx.Tx) error {
-		_, r, _, err := resolveRel(ctx, tx, splitQualified(name))
+		ref, err := parseTableArg(name, 2)
+		if err != nil {
+			return err
+		}
+		_, r, _, err := resolveRel(ctx, tx, ref)
 		out = r
 		return err
 	})

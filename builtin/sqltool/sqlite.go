@@ -199,7 +199,16 @@ func (b *sqliteBackend) listTables(ctx context.Context) ([]TableInfo, error) {
 
 func (b *sqliteBackend) resolveTable(ctx context.Context, name string) (TableRef, error) {
 	n := name
-	if s, t, ok := strings.Cut(name, "."); ok && strings.EqualFold(s, "main") {
+	if strings.Contains(name, `"`) {
+		ref, err := parseTableArg(name, 2)
+		if err != nil {
+			return TableRef{}, err
+		}
+		if ref.Schema != "" && !strings.EqualFold(ref.Schema, "main") {
+			return TableRef{}, builtin.BadArguments(nil, "%s: table %q: only the main database's tables can be described", DescribeTableName, name)
+		}
+		n = ref.Name
+	} else if s, t, ok := strings.Cut(name, "."); ok && strings.EqualFold(s, "main") {
 		n = t
 	}
 	m, err := b.schema(ctx)

@@ -63,6 +63,7 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/builtin"
+	"github.com/toolgate/toolgate/policy"
 )
 
 // Function names of the tools.
@@ -170,12 +171,51 @@ type TableRef struct {
 	Name   string `json:"name"`
 }
 
-// String returns "table" or "schema.table".
+// String returns "table" or "schema.table", each part quoted as in
+// resource names (policy.QuoteNamePart) when it holds '.' or '"', so that
+// no two references print alike.
 func (r TableRef) String() string {
 	if r.Schema == "" {
-		return r.Name
+		return policy.JoinName(r.Name)
 	}
-	return r.Schema + "." + r.Name
+	return policy.JoinName(r.Schema, r.Name)
+}
+
+// resourceName is the sql_table resource name of ref in database db:
+// "<db>.<table>" or "<db>.<schema>.<table>", each part quoted when it holds
+// '.' or '"' (policy.JoinName), so that a grant on one object never covers
+// another: the table orders.secret is db."orders.secret", apart from any
+// table below db.orders, and the schema a.b's table c (db."a.b".c) is apart
+// from the schema a's table b.c (db.a."b.c").
+func resourceName(db string, ref TableRef) string {
+	if ref.Schema == "" {
+		return policy.JoinName(db, ref.Name)
+	}
+	return policy.JoinName(db, ref.Schema, ref.Name)
+}
+
+// parseTableArg reads a table argument of sql.describe_table. Written with
+// double quotes, it is read like a resource name (policy.SplitName): up to
+// maxParts parts, each quoted part as written ("orders.secret" is one
+// table). Without quotes it is split at its first dot when maxParts is 2
+// (schema.table) and taken whole otherwise. Names are never case-folded.
+func parseTableArg(s string, maxParts int) (TableRef, error) {
+	if !strings.Contains(s, `"`) {
+		if maxParts == 2 {
+			if sc, t, ok := strings.Cut(s, "."); ok {
+				return TableRef{Schema: sc, Name: t}, nil
+			}
+		}
+		return TableRef{Name: s}, nil
+	}
+	parts, ok := policy.SplitName(s)
+	if !ok || len(parts) > maxParts {
+		return TableRef{}, builtin.BadArguments(nil, "%s: table %q is not a table name (parts joined by '.', a part holding '.' or '\"' in double quotes, each '\"' doubled)", DescribeTableName, s)
+	}
+	if len(parts) == 2 {
+		return TableRef{Schema: parts[0], Name: parts[1]}, nil
+	}
+	return TableRef{Name: parts[0]}, nil
 }
 
 // TableInfo is one entry of sql.list_tables. Type is "table" or "view"
@@ -271,7 +311,7 @@ func (d *DB) resources(refs []TableRef) []toolgate.Resource {
 	seen := map[string]bool{}
 	out := make([]toolgate.Resource, 0, len(refs))
 	for _, r := range refs {
-		name := d.cfg.Name + "." + r.String()
+		name := resourceName(d.cfg.Name, r)
 		if seen[name] {
 			continue
 		}
@@ -444,7 +484,7 @@ func (t *describeTool) Spec() builtin.Spec {
 	return builtin.Spec{
 		Description: "Describes one table or view: its columns, types, nullability, defaults and primary key.",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{` + t.s.dbSchema() +
-			`,"table":{"type":"string","description":"table or view name; on PostgreSQL optionally schema.table"}` +
+			`,"table":{"type":"string","description":"table or view name; on PostgreSQL optionally schema.table; a part holding a dot or a double quote is written in double quotes (\"orders.secret\")"}` +
 			`},"required":["table"],"additionalProperties":false}`),
 		SideEffect: toolgate.SideEffectRead,
 	}
@@ -490,7 +530,7 @@ func (t *describeTool) Run(ctx context.Context, inv builtin.Invocation) (builtin
 	if err != nil {
 		return builtin.Result{}, err
 	}
-	lines := []string{d.Name() + "." + ref.String()}
+	lines := []string{resourceName(d.Name(), ref)}
 	for _, c := range cols {
 		l := "  " + c.Name + " " + c.Type
 		if !c.Nullable {

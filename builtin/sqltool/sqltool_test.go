@@ -22,7 +22,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/builtin"
+	"github.com/toolgate/toolgate/policy"
 )
 
 // ---- fixtures ----
@@ -693,4 +695,157 @@ func checkViewCase(t *testing.T, db *DB, query string, names []string) {
 			}
 		}
 	}
+}
+
+// TestResourceNamesInjective pins that a table's resource name never
+// passes for another object's, with real tables whose names hold dots and
+// quotes: a grant on shop.orders does not cover the table "orders.secret",
+// and the schema "a.b"'s table c is apart from the schema a's table "b.c".
+// Each call is decided by the real decision core with the resources
+// Inspect reports.
+func TestResourceNamesInjective(t *testing.T) {
+	ctx := context.Background()
+	type nameCase struct {
+		name   string
+		args   map[string]string // sql.query's or sql.describe_table's
+		tool   string
+		want   []string          // resource names
+		grants map[string]bool   // grant scope (name) → whether the call passes with it alone
+	}
+	run := func(t *testing.T, db *DB, cases []nameCase) {
+		tl := toolsFor(t, db, nil)
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				res, err := tl[tc.tool].Inspect(ctx, inv(tc.args))
+				if err != nil {
+					t.Fatalf("Inspect: %v", err)
+				}
+				var got []string
+				for _, r := range res {
+					got = append(got, r.Name)
+				}
+				if diff := cmp.Diff(tc.want, got); diff != "" {
+					t.Fatalf("resources (-want +got):\n%s", diff)
+				}
+				if _, err := tl[tc.tool].Run(ctx, inv(tc.args)); err != nil {
+					t.Errorf("Run: %v", err)
+				}
+				for scope, pass := range tc.grants {
+					if got := decideWith(t, scope, res); got != pass {
+						t.Errorf("a grant on {name: %s} lets the call through: %v, want %v", scope, got, pass)
+					}
+				}
+			})
+		}
+	}
+
+	t.Run(DriverSQLite, func(t *testing.T) {
+		p := filepath.Join(t.TempDir(), "shop.db")
+		raw, err := sql.Open("sqlite", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.Exec(`CREATE TABLE orders (id INTEGER);
+			CREATE TABLE "orders.secret" (token TEXT); INSERT INTO "orders.secret" VALUES ('s3cret');
+			CREATE TABLE "we""ird" (x INTEGER);
+			CREATE TABLE "orders"".x" (x INTEGER);`); err != nil {
+			t.Fatal(err)
+		}
+		raw.Close()
+		db, err := Open(ctx, Config{Name: "shop", Driver: DriverSQLite, Path: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		run(t, db, []nameCase{
+			{"plain table", map[string]string{"query": "SELECT * FROM orders"}, QueryName, []string{"shop.orders"},
+				map[string]bool{"shop": true, "shop.orders": true, `shop."orders.secret"`: false}},
+			{"table with a dot", map[string]string{"query": `SELECT * FROM "orders.secret"`}, QueryName, []string{`shop."orders.secret"`},
+				map[string]bool{"shop.orders": false, `shop."orders.secret"`: true, "shop": true}},
+			{"table with a quote", map[string]string{"query": `SELECT * FROM "we""ird"`}, QueryName, []string{`shop."we""ird"`},
+				map[string]bool{`shop."we""ird"`: true, "shop.we": false}},
+			{"table with a quote and a dot", map[string]string{"query": `SELECT * FROM "orders"".x"`}, QueryName, []string{`shop."orders"".x"`},
+				map[string]bool{"shop.orders": false, `shop."orders"""`: false, `shop."orders"".x"`: true}},
+			{"describe a table with a dot", map[string]string{"table": `"orders.secret"`}, DescribeTableName, []string{`shop."orders.secret"`},
+				map[string]bool{"shop.orders": false, `shop."orders.secret"`: true}},
+			{"describe it unquoted", map[string]string{"table": "orders.secret"}, DescribeTableName, []string{`shop."orders.secret"`},
+				map[string]bool{"shop.orders": false}},
+		})
+	})
+
+	t.Run(DriverPostgres, func(t *testing.T) {
+		if os.Getenv("TOOLGATE_PG_DSN") == "off" {
+			t.Skip("TOOLGATE_PG_DSN=off")
+		}
+		dsn, s := pgSchema(t)
+		dotted := s + ".b" // the schema "<s>.b", beside the schema <s>
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			c, err := pgx.Connect(context.Background(), dsn)
+			if err == nil {
+				_, _ = c.Exec(context.Background(), fmt.Sprintf(`DROP SCHEMA IF EXISTS %q CASCADE`, dotted))
+				c.Close(context.Background())
+			}
+		})
+		_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %[2]q; CREATE TABLE %[2]q.c (x int);
+			CREATE TABLE %[1]s."b.c" (x int); CREATE TABLE %[1]s."orders.secret" (token text);
+			CREATE TABLE %[1]s."we""ird" (x int)`, s, dotted))
+		conn.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db, err := Open(ctx, Config{Name: "shop", Driver: DriverPostgres, DSN: dsn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		qs := fmt.Sprintf("%q", dotted)
+		run(t, db, []nameCase{
+			{"the schema a's table b.c", map[string]string{"query": `SELECT * FROM "b.c"`}, QueryName, []string{"shop." + s + `."b.c"`},
+				map[string]bool{"shop." + s: true, "shop." + qs: false, "shop." + s + `."b.c"`: true}},
+			{"the schema a.b's table c", map[string]string{"query": "SELECT * FROM " + qs + ".c"}, QueryName, []string{"shop." + qs + ".c"},
+				map[string]bool{"shop." + s: false, "shop." + qs: true, "shop." + s + `."b.c"`: false}},
+			{"table with a dot", map[string]string{"query": `SELECT * FROM "orders.secret"`}, QueryName, []string{"shop." + s + `."orders.secret"`},
+				map[string]bool{"shop." + s + ".orders": false, "shop." + s + `."orders.secret"`: true}},
+			{"table with a quote", map[string]string{"query": `SELECT * FROM "we""ird"`}, QueryName, []string{"shop." + s + `."we""ird"`},
+				map[string]bool{"shop." + s + ".we": false, "shop." + s + `."we""ird"`: true}},
+			{"both in one query", map[string]string{"query": `SELECT * FROM "b.c", ` + qs + ".c"}, QueryName,
+				[]string{"shop." + qs + ".c", "shop." + s + `."b.c"`},
+				map[string]bool{"shop." + s: false, "shop." + qs: false, "shop": true}},
+			{"describe the schema a.b's table c", map[string]string{"table": qs + ".c"}, DescribeTableName, []string{"shop." + qs + ".c"},
+				map[string]bool{"shop." + s: false, "shop." + qs: true}},
+			{"describe the schema a's table b.c", map[string]string{"table": s + `."b.c"`}, DescribeTableName, []string{"shop." + s + `."b.c"`},
+				map[string]bool{"shop." + qs: false, "shop." + s: true}},
+		})
+	})
+}
+
+// decideWith decides a sql.query call touching res for a principal whose
+// only sql_table grant is {name: scope}, with the real decision core.
+func decideWith(t *testing.T, scope string, res []toolgate.Resource) bool {
+	t.Helper()
+	b := &policy.Bundle{}
+	q, _ := json.Marshal(scope)
+	b.AddYAML("bundle.yaml", []byte(`
+- {kind: Database, name: shop, driver: sqlite, path: shop.db}
+- {kind: Tool, name: sql.query, tool_id: tool:sql-query, side_effect_class: read, source: {builtin: sql.query}}
+- kind: Agent
+  agent_id: analyst
+  tool_permissions: [{tool_id: tool:sql-query, side_effect_class: read}]
+- {kind: RuntimePolicy, agent_id: analyst, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}
+- kind: Principal
+  principal_id: user:a
+  grants:
+    - {resource: tool, action: invoke, scope: all}
+    - {resource: sql_table, action: read, scope: {name: `+string(q)+`}}
+`))
+	snap, rep, err := authz.Compile(b, nil)
+	if err != nil {
+		t.Fatalf("compile: %v (%v)", err, rep.Errors)
+	}
+	d := snap.Decide(&toolgate.Call{AgentID: "analyst", Principal: "user:a", Tool: "sql_query", Resources: res})
+	return d.Verdict == toolgate.Allow
 }
