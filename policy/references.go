@@ -41,8 +41,8 @@ type refs struct {
 	agents     []string                   // sorted
 	knownTools []string                   // declared Tool ids and ceiling ids, sorted
 	instances  map[string]*Instance
-	envs       map[string]bool // environments something binds or overrides
-	envByClaim bool            // a JWT issuer takes the environment from a claim
+	envs       map[string]bool            // environments something binds or overrides
+	envByClaim bool                       // a JWT issuer takes the environment from a claim
 	modes      map[string]map[string]bool // deployment mode → agents with a RuntimePolicy in it
 	servers    map[string]bool            // MCP server names: upstreams and Tool source.mcp_server
 	upstreams  map[string]bool            // upstream providers (declared or announced)

@@ -110,7 +110,6 @@ func (b *pgBackend) listTables(ctx context.Context) ([]TableInfo, error) {
 	return out, err
 }
 
-
 // resolveRel finds the relation PostgreSQL itself would use for ref
 // (to_regclass applies search_path). A relation that does not exist is
 // returned under the schema it would be looked up in first.

@@ -709,8 +709,8 @@ func TestResourceNamesInjective(t *testing.T) {
 		name   string
 		args   map[string]string // sql.query's or sql.describe_table's
 		tool   string
-		want   []string          // resource names
-		grants map[string]bool   // grant scope (name) → whether the call passes with it alone
+		want   []string        // resource names
+		grants map[string]bool // grant scope (name) → whether the call passes with it alone
 	}
 	run := func(t *testing.T, db *DB, cases []nameCase) {
 		tl := toolsFor(t, db, nil)
