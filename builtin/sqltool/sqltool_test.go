@@ -549,22 +549,63 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+// TestAllowedFunctions checks that allowed_functions permits exactly the
+// functions it names, read with PostgreSQL's identifier rules: an unquoted
+// entry names the lowercase function, never another one spelled with other
+// cases, and a quoted one exactly what it quotes.
 func TestAllowedFunctions(t *testing.T) {
 	if os.Getenv("TOOLGATE_PG_DSN") == "off" {
 		t.Skip("TOOLGATE_PG_DSN=off")
 	}
+	ctx := context.Background()
 	dsn, schema := pgSchema(t)
-	db, err := Open(context.Background(), Config{Name: "shop", Driver: DriverPostgres, DSN: dsn, AllowedFunctions: []string{schema + ".peek_tokens"}})
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
-	got, err := db.Tables(context.Background(), "SELECT peek_tokens() FROM orders")
+	_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION %[1]s."PEEK_TOKENS"() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM %[1]s.api_tokens';
+		CREATE FUNCTION %[1]s."Mixed"() RETURNS int LANGUAGE sql AS 'SELECT 1'`, schema))
+	conn.Close(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]toolgate.Resource{{Type: ResourceTable, Name: "shop." + schema + ".orders", Action: "read"}}, got); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
+	orders := []toolgate.Resource{{Type: ResourceTable, Name: "shop." + schema + ".orders", Action: "read"}}
+	tests := []struct {
+		name    string
+		allowed []string
+		query   string
+		want    []toolgate.Resource // nil: refused
+	}{
+		{"the named function", []string{schema + ".peek_tokens"}, "SELECT peek_tokens() FROM orders", orders},
+		{"written in capitals, an unquoted entry is lower case", []string{strings.ToUpper(schema) + ".PEEK_TOKENS"}, "SELECT peek_tokens() FROM orders", orders},
+		{"another function spelled in capitals is not covered", []string{schema + ".peek_tokens"}, `SELECT "PEEK_TOKENS"() FROM orders`, nil},
+		{"a quoted entry names it", []string{schema + `."PEEK_TOKENS"`}, `SELECT "PEEK_TOKENS"() FROM orders`, orders},
+		{"a quoted entry does not name the lower-case one", []string{schema + `."PEEK_TOKENS"`}, "SELECT peek_tokens() FROM orders", nil},
+		{"mixed case needs quotes", []string{schema + ".Mixed"}, `SELECT "Mixed"() FROM orders`, nil},
+		{"mixed case quoted", []string{schema + `."Mixed"`}, `SELECT "Mixed"() FROM orders`, orders},
+		{"a pg_catalog function off the list", []string{"pg_catalog.version"}, "SELECT version() FROM orders", orders},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			db, err := Open(ctx, Config{Name: "shop", Driver: DriverPostgres, DSN: dsn, AllowedFunctions: tc.allowed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			got, err := db.Tables(ctx, tc.query)
+			if tc.want == nil {
+				if codeOf(err) != toolgate.CodeUnsafeQuery {
+					t.Fatalf("got %v, %v; want a refusal", got, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
