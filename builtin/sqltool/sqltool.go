@@ -61,6 +61,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/builtin"
 	"github.com/toolgate/toolgate/policy"
@@ -759,4 +761,26 @@ func sortTables(ts []TableInfo) {
 		}
 		return ts[i].Name < ts[j].Name
 	})
+}
+
+// Check reports whether cfg can be opened, as Open would, without keeping
+// anything open and without writing: the configuration is validated; a
+// SQLite file is opened read-only, its schema read, and closed; a
+// PostgreSQL DSN is parsed, and with connect the server is also reached
+// and pinged (no connection stays open). Errors are Open's.
+func Check(ctx context.Context, cfg Config, connect bool) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.Driver == DriverPostgres && !connect {
+		if _, err := pgxpool.ParseConfig(cfg.DSN); err != nil {
+			return fmt.Errorf("database %q: dsn: %w", cfg.Name, err)
+		}
+		return nil
+	}
+	db, err := Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return db.Close()
 }
