@@ -579,8 +579,9 @@ func (t *queryTool) Name() string { return QueryName }
 func (t *queryTool) Spec() builtin.Spec {
 	return builtin.Spec{
 		Description: "Runs one read-only SQL query (a single SELECT, WITH … SELECT, VALUES or TABLE statement) " +
-			"and returns its columns and rows. Writes, DDL, PRAGMA, ATTACH, transaction control and functions " +
-			"that reach files or other servers are refused.",
+			"and returns its columns and rows. Writes, DDL, PRAGMA, ATTACH and transaction control are refused, " +
+			"and so is any function that is not on the list of those known to be safe (core, date, math, JSON, " +
+			"aggregate and window functions).",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{` + t.s.dbSchema() +
 			`,"query":{"type":"string","description":"exactly one read-only SQL statement"}` +
 			`},"required":["query"],"additionalProperties":false}`),
