@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"regexp"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -167,6 +168,41 @@ func (v *validator) upstreams() {
 		default:
 			v.r.Errorf(u.Pos, "Upstream %s: transport %q must be stdio or streamable-http", u.Name, u.Transport)
 		}
+	}
+}
+
+// sharedProviders warns about a Tool that runs elsewhere (built in, over
+// HTTP, another agent or another server) under the provider part of a
+// declared Upstream: the upstream announcing a tool of that name would
+// give it the same id, so two different tools would share one.
+func (v *validator) sharedProviders() {
+	ups := map[string]bool{}
+	for _, u := range v.b.Upstreams {
+		ups[u.Name] = true
+	}
+	for _, t := range v.b.Tools {
+		id := ToolIDOf(t)
+		prov := provider(id)
+		if !ups[prov] || id == "" {
+			continue
+		}
+		var runs string
+		switch {
+		case t.Source.Builtin != "":
+			runs = "is the built-in tool " + t.Source.Builtin
+		case t.Source.HTTP != "":
+			runs = "runs over HTTP"
+		case t.A2AAgent != "":
+			runs = "invokes agent " + t.A2AAgent
+		case t.Source.MCPServer != "" && t.Source.MCPServer != prov:
+			runs = "belongs to MCP server " + t.Source.MCPServer
+		case t.ControlFlow:
+			runs = "is a control-flow tool"
+		default:
+			continue // it refines the upstream's own tool
+		}
+		v.r.Warnf(t.Pos, "Tool %s %s, but its provider part %s is also an Upstream's name: a tool upstream %s announces as %q would have the same id; give one of them another name",
+			id, runs, prov, prov, strings.ReplaceAll(strings.TrimPrefix(id, "tool:"+prov+"-"), "-", "_"))
 	}
 }
 

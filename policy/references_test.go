@@ -255,6 +255,15 @@ var referenceCases = []validateCase{
 - {kind: Upstream, name: fs, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
 - {kind: Upstream, name: fsx, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: fsx_}
 `)},
+	{name: "a built-in tool under an upstream's provider", files: one("u.yaml", `
+- {kind: Upstream, name: fs, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
+- {kind: Tool, tool_id: tool:fs-read, side_effect_class: read, source: {builtin: fs.read}}   # want warning "Tool tool:fs-read is the built-in tool fs.read, but its provider part fs is also an Upstream's name: a tool upstream fs announces as \"read\" would have the same id"
+`)},
+	{name: "a Tool refining an upstream's tool", clean: true, files: one("u.yaml", `
+- {kind: Upstream, name: fs, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
+- {kind: Tool, tool_id: tool:fs-write-file, side_effect_class: write, source: {mcp_server: fs}}
+- {kind: Tool, tool_id: tool:fs-move-file, side_effect_class: write}
+`)},
 	{name: "empty env value", files: one("u.yaml", `
 - kind: Upstream   # want error "Upstream fs: env TOKEN is empty"
   name: fs

@@ -128,6 +128,7 @@ func (b *Bundle) Validate(opts *ValidateOptions) *Report {
 	v.toolPolicies()
 	v.settings()
 	v.upstreams()
+	v.sharedProviders()
 	v.credentials()
 	v.databases()
 	v.identitySettings()
