@@ -29,10 +29,12 @@ import (
 //
 // A restricting reference that matches nothing is an error naming the
 // closest known name (edit distance). One in a place that only permits
-// (an allowed glob, tool_grants, allowed_servers, a grant scope) makes the
-// bundle stricter than meant, not weaker: a warning, with the same hint. A
-// grant scope under the provider of a declared upstream may name a tool
-// the upstream will announce: a warning.
+// (an allowed glob, tool_grants, allowed_servers) makes the bundle
+// stricter than meant, not weaker: a warning, with the same hint. Two
+// kinds of names are open, so matching nothing declared is a warning
+// there too: a grant scope's tool under the provider of a declared
+// upstream (the upstream may announce it), and an environment (a runtime
+// calling in process, or the CLI, may name one the bundle does not).
 
 // refs is what a bundle declares that rules may refer to.
 type refs struct {

@@ -50,9 +50,11 @@ const upstreamFS = `
 
 // referenceCases pin finding 6 of issue 7: a rule that restricts must be
 // able to match something the bundle declares; one that cannot is an error
-// naming the closest known name. A reference that only permits, or that an
-// upstream may still fill, is a warning. Every case failed before (it was
-// accepted without a diagnostic, or with a warning only).
+// naming the closest known name. A reference that only permits, or whose
+// name is open (an upstream may still announce the tool; a caller may
+// bring the environment), is a warning. Every case with markers failed
+// before (it was accepted without a diagnostic, or with a warning only);
+// the clean cases show that what does match is not reported.
 var referenceCases = []validateCase{
 	{name: "the base alone", clean: true, files: one("base.yaml", refBase)},
 
