@@ -24,7 +24,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolgate/toolgate"
-	"github.com/toolgate/toolgate/adapter/builtins"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/builtin/registry"
@@ -105,17 +104,20 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	gw := &Gateway{cfg: cfg, log: log, announced: map[string][]authz.AnnouncedTool{},
 		claimed: map[string]toolgate.SideEffectClass{}}
 
-	b, err := policy.LoadDir(cfg.BundleDir)
+	// Everything short of the store, listening and upstream processes;
+	// toolgate validate runs the same (prepare.go).
+	prep, err := Prepare(ctx, cfg, &PrepareOptions{Logger: log})
 	if err != nil {
+		var inv *InvalidError
+		if errors.As(err, &inv) {
+			for _, d := range inv.Report.Errors {
+				log.Error("bundle error", "at", d.String())
+			}
+		}
 		return err
 	}
-	snap, rep, err := authz.Compile(b, nil)
-	if err != nil {
-		for _, d := range rep.Errors {
-			log.Error("bundle error", "at", d.String())
-		}
-		return fmt.Errorf("the bundle %s is invalid; run toolgate validate --bundle %s: %w", cfg.BundleDir, cfg.BundleDir, err)
-	}
+	defer prep.Close()
+	b, snap, rep := prep.Bundle, prep.Snapshot, prep.Report
 	for _, d := range rep.Warnings {
 		if d.Unchecked {
 			// Checked below once the upstream connects (reportMissingLocked).
@@ -125,6 +127,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		log.Warn("bundle warning", "at", d.String())
 	}
 	gw.bundle = b
+	gw.ident.once.Do(func() { gw.ident.keys = prep.keys })
 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data folder: %w", err)
@@ -151,17 +154,13 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	gw.Metrics = metrics.New(nil)
 	sinks = append(sinks, gw.Metrics.AuditSink())
 	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks})
-	bt, err := builtins.Open(ctx, b, cfg.BundleDir)
-	if err != nil {
-		return fmt.Errorf("built-in tools: %w", err)
-	}
-	defer bt.Close()
+	bt := prep.Builtins
 	gw.Builtins = bt
 	executor := &gate.Executor{Builtins: bt, BaseDir: cfg.BundleDir}
 	gw.Gate = gate.New(snap, &gate.Options{Recorder: gw.Rec, Approvals: store, Logger: log, Executor: executor})
 	gw.Gate.RecordEvent(bundleEvent(toolgate.EventBundleLoaded, cfg.BundleDir, "the bundle was loaded", nil))
 
-	ups, err := gw.newUpstreams(b)
+	ups, err := gw.newUpstreams(prep.Upstreams)
 	if err != nil {
 		return err
 	}
@@ -169,11 +168,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	if ups != nil {
 		executor.Upstreams = ups
 	}
-	ids, err := gw.identities(b)
-	if err != nil {
-		return err
-	}
-	gw.Proxy = mcpproxy.New(gw.Gate, ups, ids, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics})
+	gw.Proxy = mcpproxy.New(gw.Gate, ups, prep.Identities, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics})
 	gw.Proxy.SetBuiltins(snap, bt)
 	if ups != nil {
 		if err := ups.Start(ctx); err != nil {
@@ -297,13 +292,9 @@ func UpstreamConfig(bundleDir string, u *policy.Upstream) upstream.Config {
 	return c
 }
 
-func (gw *Gateway) newUpstreams(b *policy.Bundle) (*upstream.Manager, error) {
-	if len(b.Upstreams) == 0 {
+func (gw *Gateway) newUpstreams(cfgs []upstream.Config) (*upstream.Manager, error) {
+	if len(cfgs) == 0 {
 		return nil, nil
-	}
-	var cfgs []upstream.Config
-	for _, u := range b.Upstreams {
-		cfgs = append(cfgs, UpstreamConfig(gw.cfg.BundleDir, u))
 	}
 	o := &upstream.Options{Logger: gw.log, OnChange: gw.onToolsChanged}
 	// Route what upstreams send to clients (sampling, elicitation, roots,

@@ -48,9 +48,12 @@ type Database struct {
 	// MaxRows is the most rows one sql.query returns (default 200); more
 	// are cut, and the cut is marked.
 	MaxRows int `yaml:"max_rows"`
-	// AllowedFunctions (postgres only) lists functions outside pg_catalog,
-	// as schema.name, that queries may call; every other one is refused,
-	// because its body may read tables the query does not name.
+	// AllowedFunctions (postgres only) lists functions, as schema.name,
+	// that queries may call besides the built-in allow-list of pg_catalog
+	// functions known to be safe; every other one is refused (a function
+	// outside pg_catalog may read tables the query does not name, one of
+	// pg_catalog may reach files or server state). An unquoted part is read
+	// in lower case, a part in double quotes as written.
 	AllowedFunctions []string `yaml:"allowed_functions"`
 }
 
@@ -111,8 +114,10 @@ func (v *validator) databases() {
 			v.r.Errorf(d.Pos, "%s: max_rows must be 0 (the default, 200) or more", where)
 		}
 		for _, f := range d.AllowedFunctions {
-			if strings.Count(f, ".") != 1 || strings.HasPrefix(f, ".") || strings.HasSuffix(f, ".") {
-				v.r.Errorf(d.Pos, "%s: allowed_functions entry %q must be schema.name", where, f)
+			// PostgreSQL's identifier syntax: a part in double quotes is
+			// taken as written, an unquoted one in lower case.
+			if parts, ok := SplitName(f); !ok || len(parts) != 2 || parts[0] == "" || parts[1] == "" {
+				v.r.Errorf(d.Pos, "%s: allowed_functions entry %q must be schema.name (a part holding '.' or '\"' in double quotes)", where, f)
 			}
 		}
 	}

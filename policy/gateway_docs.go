@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"regexp"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -105,7 +106,7 @@ var (
 
 func (v *validator) upstreams() {
 	seen := map[string]*Upstream{}
-	prefixes := map[string]*Upstream{}
+	var prefixed []*Upstream // in order, for the nesting check
 	for _, u := range v.b.Upstreams {
 		if !upstreamName.MatchString(u.Name) {
 			v.r.Errorf(u.Pos, "Upstream name %q must be lowercase [a-z0-9]+ (it is the provider part of its tools' ids)", u.Name)
@@ -116,10 +117,39 @@ func (v *validator) upstreams() {
 			continue
 		}
 		seen[u.Name] = u
-		if prev, clash := prefixes[u.Prefix()]; clash {
-			v.r.Errorf(u.Pos, "Upstream %s: tool_prefix %q is also upstream %s's; the names the model sees would clash", u.Name, u.Prefix(), prev.Name)
+		for _, prev := range prefixed {
+			switch p, q := u.Prefix(), prev.Prefix(); {
+			case p == q:
+				v.r.Errorf(u.Pos, "Upstream %s: tool_prefix %q is also upstream %s's; the names the model sees would clash", u.Name, p, prev.Name)
+			case p == "" || q == "":
+				// An empty prefix is a deliberate choice to show an
+				// upstream's own names; that its names may then look like
+				// the other's is said, not refused (a name two upstreams'
+				// tools share is refused when they announce it).
+				empty, other := u, prev
+				if q == "" {
+					empty, other = prev, u
+				}
+				v.r.Warnf(u.Pos, "Upstream %s: its tool_prefix is empty, so any of its tool names may start with upstream %s's %q and read as one of %s's; give it a prefix of its own",
+					empty.Name, other.Name, other.Prefix(), other.Name)
+			case nestedPrefix(p, q):
+				// fs_ and fs_x_: fs_x_read is both fs's x_read and
+				// fs_x's read, so a name of one can reach the other.
+				v.r.Errorf(u.Pos, "Upstream %s: tool_prefix %q and upstream %s's %q start one another, so a name the model sees could belong to either; choose prefixes neither of which starts the other",
+					u.Name, p, prev.Name, q)
+			}
 		}
-		prefixes[u.Prefix()] = u
+		prefixed = append(prefixed, u)
+		for _, m := range []struct {
+			field string
+			vals  map[string]Secret
+		}{{"env", u.Env}, {"headers", u.Headers}} {
+			for _, k := range sortedKeys(m.vals) {
+				if m.vals[k] == (Secret{}) {
+					v.r.Errorf(u.Pos, "Upstream %s: %s %s is empty; give a value, {from_env: VAR} or {from_file: PATH}, or remove it", u.Name, m.field, k)
+				}
+			}
+		}
 		switch u.Transport {
 		case "stdio":
 			if u.Command == "" {
@@ -138,6 +168,41 @@ func (v *validator) upstreams() {
 		default:
 			v.r.Errorf(u.Pos, "Upstream %s: transport %q must be stdio or streamable-http", u.Name, u.Transport)
 		}
+	}
+}
+
+// sharedProviders warns about a Tool that runs elsewhere (built in, over
+// HTTP, another agent or another server) under the provider part of a
+// declared Upstream: the upstream announcing a tool of that name would
+// give it the same id, so two different tools would share one.
+func (v *validator) sharedProviders() {
+	ups := map[string]bool{}
+	for _, u := range v.b.Upstreams {
+		ups[u.Name] = true
+	}
+	for _, t := range v.b.Tools {
+		id := ToolIDOf(t)
+		prov := provider(id)
+		if !ups[prov] || id == "" {
+			continue
+		}
+		var runs string
+		switch {
+		case t.Source.Builtin != "":
+			runs = "is the built-in tool " + t.Source.Builtin
+		case t.Source.HTTP != "":
+			runs = "runs over HTTP"
+		case t.A2AAgent != "":
+			runs = "invokes agent " + t.A2AAgent
+		case t.Source.MCPServer != "" && t.Source.MCPServer != prov:
+			runs = "belongs to MCP server " + t.Source.MCPServer
+		case t.ControlFlow:
+			runs = "is a control-flow tool"
+		default:
+			continue // it refines the upstream's own tool
+		}
+		v.r.Warnf(t.Pos, "Tool %s %s, but its provider part %s is also an Upstream's name: a tool upstream %s announces as %q would have the same id; give one of them another name",
+			id, runs, prov, prov, strings.ReplaceAll(strings.TrimPrefix(id, "tool:"+prov+"-"), "-", "_"))
 	}
 }
 
@@ -163,15 +228,46 @@ func (v *validator) credentials() {
 	}
 }
 
+// checkIdentity checks the identity a credential (or Settings.anonymous)
+// binds. Names nothing declares make every call fail closed (an undeclared
+// agent or instance: an error, as the credential can do nothing; an
+// undeclared principal: a warning, as before); an environment that none of
+// the instance's environment_overrides names is a warning, because the
+// suspensions meant for it then do not apply.
 func (v *validator) checkIdentity(pos Pos, where string, id Identity) {
 	if id.Principal == "" || id.AgentID == "" {
 		v.r.Errorf(pos, "%s: principal and agent_id are required", where)
 		return
 	}
 	if v.agents_[id.AgentID] == nil {
-		v.r.Errorf(pos, "%s: agent %s is not declared", where, id.AgentID)
+		v.r.Errorf(pos, "%s: agent %s is not declared%s", where, id.AgentID, didYouMean(id.AgentID, v.refs.agents))
 	}
 	if v.principal_[id.Principal] == nil {
-		v.r.Warnf(pos, "%s: principal %s is not declared, so every call will be denied at the grant layer", where, id.Principal)
+		v.r.Warnf(pos, "%s: principal %s is not declared, so every call will be denied at the grant layer%s", where, id.Principal, didYouMean(id.Principal, sortedKeys(v.principal_)))
+	}
+	if id.InstanceID != "" {
+		in := v.refs.instances[id.InstanceID]
+		switch {
+		case in == nil:
+			v.r.Errorf(pos, "%s: instance %s is not a declared Instance, so every call will be denied at the instance layer%s",
+				where, id.InstanceID, didYouMean(id.InstanceID, sortedKeys(v.refs.instances)))
+		case id.Environment != "" && len(in.EnvironmentOverrides) > 0 && in.EnvironmentOverrides[id.Environment].ToolSuspensions == nil:
+			if _, ok := in.EnvironmentOverrides[id.Environment]; !ok {
+				v.r.Warnf(pos, "%s: environment %s has no environment_overrides in instance %s, so none of its suspensions apply%s",
+					where, id.Environment, in.InstanceID, didYouMean(id.Environment, sortedKeys(in.EnvironmentOverrides)))
+			}
+		}
+	}
+	if a := v.agents_[id.AgentID]; a != nil && len(a.ToolPermissions) > 0 {
+		mode := id.DeploymentMode
+		if mode == "" && len(v.b.Settings) > 0 {
+			mode = v.b.Settings[0].DefaultDeploymentMode
+		}
+		if mode == "" {
+			mode = "production"
+		}
+		if !v.hasMode(a.AgentID, mode) {
+			v.r.Warnf(pos, "%s: agent %s has no RuntimePolicy for deployment_mode %s, so every call will be denied", where, a.AgentID, mode)
+		}
 	}
 }

@@ -251,6 +251,10 @@ func (v *validator) identitySettings() {
 			} else if j.AgentID.Value != "" && v.agents_[j.AgentID.Value] == nil {
 				v.r.Errorf(pos, "%s: agent_id %s is not a declared Agent", where, j.AgentID.Value)
 			}
+			if in := j.InstanceID.Value; in != "" && v.refs.instances[in] == nil {
+				v.r.Errorf(pos, "%s: instance_id %s is not a declared Instance, so every call will be denied at the instance layer%s",
+					where, in, didYouMean(in, sortedKeys(v.refs.instances)))
+			}
 			if j.DeploymentMode.Value != "" && j.AgentID.Value != "" {
 				if a := v.agents_[j.AgentID.Value]; a != nil && !v.hasMode(a.AgentID, j.DeploymentMode.Value) {
 					v.r.Warnf(pos, "%s: agent %s has no RuntimePolicy for deployment_mode %s, so every call will be denied", where, a.AgentID, j.DeploymentMode.Value)

@@ -104,6 +104,13 @@ func TestDecodeShorthands(t *testing.T) {
     - tool:fs-write
     - {tools: [tool:fs-delete], when: 'args.force'}
 - {kind: Tool, tool_id: tool:fs-read, side_effect_class: read, timeout: 30s, retry: {max_attempts: 3, initial_backoff: 100ms}}
+- {kind: Tool, tool_id: tool:fs-write, side_effect_class: write}
+- {kind: Tool, tool_id: tool:fs-delete, side_effect_class: irreversible}
+- kind: Agent
+  agent_id: worker
+  tool_permissions:
+    - {tool_id: tool:fs-write, side_effect_class: write}
+    - {tool_id: tool:fs-delete, side_effect_class: irreversible}
 `))
 	if rep := b.Validate(nil); len(rep.Errors) > 0 {
 		t.Fatalf("errors: %v", rep.Errors)

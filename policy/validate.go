@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"path"
+	"slices"
 	"sort"
 	"strings"
 
@@ -119,6 +120,7 @@ func (b *Bundle) Validate(opts *ValidateOptions) *Report {
 	}
 	v.tools()
 	v.agents()
+	v.buildRefs()
 	v.runtimePolicies()
 	v.instances()
 	v.roles()
@@ -126,6 +128,7 @@ func (b *Bundle) Validate(opts *ValidateOptions) *Report {
 	v.toolPolicies()
 	v.settings()
 	v.upstreams()
+	v.sharedProviders()
 	v.credentials()
 	v.databases()
 	v.identitySettings()
@@ -159,6 +162,7 @@ type validator struct {
 	roles_     map[string]*Role
 	principal_ map[string]*Principal
 	celEnv     *cond.Env
+	refs       *refs // references.go
 }
 
 // ToolIDOf returns the canonical id a Tool document declares: tool_id, or
@@ -376,23 +380,31 @@ func (v *validator) runtimePolicies() {
 			v.r.Errorf(rp.Pos, "RuntimePolicy %s/%s: tool_suspensions do not apply with active_tool_set: declared (use restricted)", rp.AgentID, mode)
 		}
 		ceiling := v.ceilingOf(rp.AgentID)
-		for _, list := range []struct {
-			name string
-			ids  []string
-		}{{"tool_grants", p.ToolGrants}, {"tool_suspensions", p.ToolSuspensions}} {
-			for _, id := range list.ids {
-				switch {
-				case !toolid.Valid(id):
-					v.r.Errorf(rp.Pos, "RuntimePolicy %s/%s: %s entry %q is not a tool id", rp.AgentID, mode, list.name, id)
-				case v.tools_[id] == nil && !v.opts.UpstreamProviders[provider(id)]:
-					what := "it can never add a tool"
-					if list.name == "tool_suspensions" {
-						what = "if it is a typo, the tool you meant is NOT suspended"
-					}
-					v.r.Warnf(rp.Pos, "RuntimePolicy %s/%s: %s entry %s matches no tool (a typo?); %s", rp.AgentID, mode, list.name, id, what)
-				case !ceiling[id]:
-					v.r.Warnf(rp.Pos, "RuntimePolicy %s/%s: %s entry %s is outside the agent's ceiling: it can never add a tool", rp.AgentID, mode, list.name, id)
-				}
+		ceilingIDs := sortedSet(ceiling)
+		where := fmt.Sprintf("RuntimePolicy %s/%s", rp.AgentID, mode)
+		for _, id := range p.ToolGrants {
+			// A grant that matches nothing makes the set smaller than
+			// meant, never larger: a warning.
+			switch {
+			case !toolid.Valid(id):
+				v.r.Errorf(rp.Pos, "%s: tool_grants entry %q is not a tool id", where, id)
+			case !slices.Contains(v.refs.knownTools, id) && !v.opts.UpstreamProviders[provider(id)]:
+				v.r.Warnf(rp.Pos, "%s: tool_grants entry %s matches no tool (a typo?); it can never add a tool%s", where, id, didYouMean(id, ceilingIDs))
+			case !ceiling[id]:
+				v.r.Warnf(rp.Pos, "%s: tool_grants entry %s is outside the agent's ceiling: it can never add a tool%s", where, id, didYouMean(id, ceilingIDs))
+			}
+		}
+		for _, id := range p.ToolSuspensions {
+			// A suspension that matches nothing leaves the tool it was
+			// meant for running: an error.
+			switch {
+			case !toolid.Valid(id):
+				v.r.Errorf(rp.Pos, "%s: tool_suspensions entry %q is not a tool id", where, id)
+			case ceiling[id]:
+			case !slices.Contains(v.refs.knownTools, id):
+				v.r.Errorf(rp.Pos, "%s: tool_suspensions entry %s matches no tool (a typo?): the tool you meant is NOT suspended%s", where, id, didYouMean(id, ceilingIDs))
+			default:
+				v.r.Errorf(rp.Pos, "%s: tool_suspensions entry %s is outside the agent's ceiling, so it suspends nothing%s", where, id, didYouMean(id, ceilingIDs))
 			}
 		}
 		mcp := p.MCPToolPolicy
@@ -401,6 +413,7 @@ func (v *validator) runtimePolicies() {
 				v.r.Errorf(rp.Pos, "RuntimePolicy %s/%s: empty MCP server name", rp.AgentID, mode)
 			}
 		}
+		v.checkServers(rp, where)
 		a2a := p.A2AToolPolicy
 		if a2a.DefaultTrustTier != "" && !trustTiers[a2a.DefaultTrustTier] {
 			v.r.Errorf(rp.Pos, "RuntimePolicy %s/%s: default_trust_tier %q must be trusted, provisional or untrusted", rp.AgentID, mode, a2a.DefaultTrustTier)
@@ -424,13 +437,17 @@ func (v *validator) instances() {
 			v.r.Errorf(in.Pos, "duplicate Instance %s (first declared at %s)", in.InstanceID, prev.Pos.At())
 		}
 		seen[in.InstanceID] = in
-		for env, o := range in.EnvironmentOverrides {
-			for _, id := range o.ToolSuspensions {
+		pool, _ := v.refs.ceilingPool(nil, false)
+		for _, env := range sortedKeys(in.EnvironmentOverrides) {
+			for _, id := range in.EnvironmentOverrides[env].ToolSuspensions {
 				switch {
 				case !toolid.Valid(id):
 					v.r.Errorf(in.Pos, "Instance %s: environment %s: tool_suspensions entry %q is not a tool id", in.InstanceID, env, id)
-				case v.tools_[id] == nil && !v.opts.UpstreamProviders[provider(id)]:
-					v.r.Warnf(in.Pos, "Instance %s: environment %s: tool_suspensions entry %s matches no tool (a typo?)", in.InstanceID, env, id)
+				case !slices.Contains(pool, id):
+					// Only ceiling tools are ever callable, so this
+					// suspends nothing, and the tool meant stays on.
+					v.r.Errorf(in.Pos, "Instance %s: environment %s: tool_suspensions entry %s matches no tool in any agent's ceiling (a typo?): the tool you meant is NOT suspended%s",
+						in.InstanceID, env, id, didYouMean(id, pool))
 				}
 			}
 		}
@@ -475,14 +492,7 @@ func (v *validator) checkGrants(pos Pos, owner string, grants []Grant) {
 		if !g.Scope.All && g.Scope.Tool == "" && g.Scope.Name == "" {
 			v.r.Errorf(gp, "%s: scope is required (all, {tool: NAME} or {name: NAME})", where)
 		}
-		if g.Scope.Tool != "" {
-			id, err := toolid.Map(g.Scope.Tool)
-			if err != nil {
-				v.r.Errorf(gp, "%s: scope tool %q: %v", where, g.Scope.Tool, err)
-			} else if v.tools_[id] == nil && !v.opts.UpstreamProviders[provider(id)] {
-				v.r.Warnf(gp, "%s: scope tool %q (%s) matches no tool (a typo?)", where, g.Scope.Tool, id)
-			}
-		}
+		v.checkGrantScope(gp, where, g)
 		v.checkWhen(gp, where+" when", g.When)
 	}
 }
@@ -605,13 +615,25 @@ func ScopeCovers(outer, inner Scope) bool {
 }
 
 // NameCovers reports whether a grant on resource name scope covers name:
-// the same name, or a dot-separated name below it ("vala.datasets" covers
-// "vala.datasets.tickets" but not "vala.datasets2").
+// the same name, or a name below it, part by part ("vala.datasets" covers
+// "vala.datasets.tickets" but not "vala.datasets2", and "shop.orders" does
+// not cover `shop."orders.secret"`, the table named orders.secret; see
+// JoinName). A name that is not well formed is covered only by itself.
 func NameCovers(scope, name string) bool {
 	if scope == name {
 		return true
 	}
-	return len(name) > len(scope) && name[len(scope)] == '.' && name[:len(scope)] == scope
+	s, ok1 := SplitName(scope)
+	n, ok2 := SplitName(name)
+	if !ok1 || !ok2 || len(n) <= len(s) {
+		return false
+	}
+	for i := range s {
+		if s[i] != n[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func (v *validator) toolPolicies() {
@@ -624,48 +646,70 @@ func (v *validator) toolPolicies() {
 		}
 		seen[tp.Name] = tp
 		where := "ToolPolicy " + tp.Name
-		for _, a := range tp.AppliesTo.Agents {
-			if v.agents_[a] == nil {
-				v.r.Warnf(tp.Pos, "%s: applies_to agent %s is not declared", where, a)
+		v.checkAppliesTo(tp, where)
+		// The tool rules act on the ceilings of the agents the policy
+		// applies to; with none of them declared, that is reported above.
+		agents := tp.AppliesTo.Agents
+		checkRefs := len(agents) == 0 || slices.ContainsFunc(agents, func(a string) bool { return v.agents_[a] != nil })
+		refsOf := func(pos Pos, field string, globs []string, tierPolicy, restricting bool) {
+			if checkRefs {
+				v.checkToolRefs(pos, where, field, globs, agents, tierPolicy, restricting)
 			}
 		}
-		checkGlobs := func(field string, globs []string) {
+		checkGlobs := func(pos Pos, field string, globs []string) {
 			for _, g := range globs {
 				if err := ValidGlob(g); err != nil {
-					v.r.Errorf(tp.Pos, "%s: %s: %v", where, field, err)
+					v.r.Errorf(pos, "%s: %s: %v", where, field, err)
 				}
 			}
 		}
-		checkGlobs("denied", tp.Denied)
-		checkGlobs("allowed", tp.Allowed)
+		checkGlobs(tp.Pos, "denied", tp.Denied)
+		checkGlobs(tp.Pos, "allowed", tp.Allowed)
+		refsOf(tp.Pos, "denied", tp.Denied, false, true)
+		refsOf(tp.Pos, "allowed", tp.Allowed, false, false)
 		for i, e := range tp.EscalationRules {
-			if len(e.Tools) == 0 {
-				v.r.Errorf(tp.Pos, "%s: escalation_rules[%d] names no tools", where, i)
+			pos := e.Pos
+			if pos.Line == 0 {
+				pos = tp.Pos
 			}
-			checkGlobs(fmt.Sprintf("escalation_rules[%d]", i), e.Tools)
-			v.checkWhen(tp.Pos, fmt.Sprintf("%s: escalation_rules[%d] when", where, i), e.When)
+			field := fmt.Sprintf("escalation_rules[%d]", i)
+			if len(e.Tools) == 0 {
+				v.r.Errorf(pos, "%s: %s names no tools", where, field)
+			}
+			checkGlobs(pos, field, e.Tools)
+			refsOf(pos, field, e.Tools, false, true)
+			v.checkWhen(pos, fmt.Sprintf("%s: %s when", where, field), e.When)
 		}
 		for i, c := range tp.Conditions {
 			pos := c.Pos
+			field := fmt.Sprintf("conditions[%d]", i)
 			if len(c.Tools) == 0 {
-				v.r.Errorf(pos, "%s: conditions[%d] names no tools", where, i)
+				v.r.Errorf(pos, "%s: %s names no tools", where, field)
 			}
 			if c.When == "" {
-				v.r.Errorf(pos, "%s: conditions[%d] has no when", where, i)
+				v.r.Errorf(pos, "%s: %s has no when", where, field)
 			}
-			checkGlobs(fmt.Sprintf("conditions[%d]", i), c.Tools)
-			v.checkWhen(pos, fmt.Sprintf("%s: conditions[%d] when", where, i), c.When)
+			checkGlobs(pos, field, c.Tools)
+			refsOf(pos, field, c.Tools, false, true)
+			v.checkWhen(pos, fmt.Sprintf("%s: %s when", where, field), c.When)
 		}
 		for i, g := range tp.PolicyGuard {
 			pos := g.Pos
+			field := fmt.Sprintf("policy_guard[%d]", i)
 			if g.Effect != "allow" && g.Effect != "deny" && g.Effect != "escalate" {
-				v.r.Errorf(pos, "%s: policy_guard[%d]: effect %q must be allow, deny or escalate", where, i, g.Effect)
+				v.r.Errorf(pos, "%s: %s: effect %q must be allow, deny or escalate", where, field, g.Effect)
 			}
 			if len(g.Tools) == 0 {
-				v.r.Errorf(pos, "%s: policy_guard[%d] names no tools", where, i)
+				v.r.Errorf(pos, "%s: %s names no tools", where, field)
 			}
-			checkGlobs(fmt.Sprintf("policy_guard[%d]", i), g.Tools)
-			v.checkWhen(pos, fmt.Sprintf("%s: policy_guard[%d] when", where, i), g.When)
+			checkGlobs(pos, field, g.Tools)
+			// A deny or escalate rule that never applies lets the calls
+			// it was for through to an earlier allow rule or to a
+			// human; an allow rule that never applies only asks more.
+			if g.Effect == "allow" || g.Effect == "deny" || g.Effect == "escalate" {
+				refsOf(pos, field, g.Tools, true, g.Effect != "allow")
+			}
+			v.checkWhen(pos, fmt.Sprintf("%s: %s when", where, field), g.When)
 		}
 	}
 }
@@ -695,14 +739,19 @@ func (v *validator) settings() {
 	for _, s := range v.b.Settings {
 		for _, id := range s.ControlFlowTools {
 			if v.tools_[id] == nil {
-				v.r.Errorf(s.Pos, "Settings: control_flow_tools entry %s is not a declared Tool", id)
+				v.r.Errorf(s.Pos, "Settings: control_flow_tools entry %s is not a declared Tool%s", id, didYouMean(id, sortedKeys(v.tools_)))
+			}
+		}
+		for _, o := range s.AllowedOrigins {
+			if err := checkOrigin(o); err != nil {
+				v.r.Errorf(s.Pos, "Settings: allowed_origins: %v", err)
 			}
 		}
 		if s.ResultMaxKiB < 0 {
 			v.r.Errorf(s.Pos, "Settings: result_max_kib must be positive")
 		}
 		if s.DefaultPrincipal != "" && len(v.b.Principals) > 0 && v.principal_[s.DefaultPrincipal] == nil {
-			v.r.Warnf(s.Pos, "Settings: default_principal %s is not a declared Principal", s.DefaultPrincipal)
+			v.r.Warnf(s.Pos, "Settings: default_principal %s is not a declared Principal%s", s.DefaultPrincipal, didYouMean(s.DefaultPrincipal, sortedKeys(v.principal_)))
 		}
 	}
 }

@@ -30,6 +30,9 @@ type validateCase struct {
 	name  string
 	files []yamlFile
 	opts  *policy.ValidateOptions
+	// clean marks a case that must produce no diagnostic at all (it has
+	// no markers).
+	clean bool
 }
 
 type diagKey struct {
@@ -69,6 +72,14 @@ const base = `
   agent_id: worker
   deployment_mode: production
   tool_authorization_policy: {active_tool_set: all}
+`
+
+// guarded adds an agent whose fs.read is judged by the Policy Guard.
+const guarded = `- kind: Agent
+  agent_id: guarded
+  tool_permissions:
+    - {tool_id: tool:fs-read, side_effect_class: read, approval_tier: policy}
+- {kind: RuntimePolicy, agent_id: guarded, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}
 `
 
 var validateCases = []validateCase{
@@ -196,7 +207,7 @@ var validateCases = []validateCase{
     tool_grants: [tool:fs-read, tool:fs-raed]
 `)},
 	{name: "tool_suspensions entry outside the ceiling", files: one("runtime.yaml", base+`
-- kind: RuntimePolicy         # want warning "tool_suspensions entry tool:fs-write is outside the agent's ceiling"
+- kind: RuntimePolicy         # want error "tool_suspensions entry tool:fs-write is outside the agent's ceiling, so it suspends nothing (did you mean tool:fs-read?)"
   agent_id: worker
   deployment_mode: development
   tool_authorization_policy:
@@ -204,7 +215,7 @@ var validateCases = []validateCase{
     tool_suspensions: [tool:fs-write]
 `)},
 	{name: "tool_suspensions entry matching no tool", files: one("runtime.yaml", base+`
-- kind: RuntimePolicy         # want warning "tool_suspensions entry tool:fs-raed matches no tool"
+- kind: RuntimePolicy         # want error "tool_suspensions entry tool:fs-raed matches no tool (a typo?): the tool you meant is NOT suspended (did you mean tool:fs-read?)"
   agent_id: worker
   deployment_mode: development
   tool_authorization_policy:
@@ -268,7 +279,7 @@ var validateCases = []validateCase{
     a2a_tool_policy: {default_trust_tier: maybe}
 `)},
 	{name: "instance suspension matching no tool", files: one("instances.yaml", base+`
-- kind: Instance              # want warning "tool_suspensions entry tool:fs-raed matches no tool"
+- kind: Instance              # want error "tool_suspensions entry tool:fs-raed matches no tool in any agent's ceiling"
   instance_id: acme
   environment_overrides:
     staging: {tool_suspensions: [tool:fs-raed]}
@@ -310,7 +321,7 @@ var validateCases = []validateCase{
 - kind: Principal
   principal_id: user:bob
   grants:
-    - {resource: tool, action: invoke, scope: {tool: fs_raed}}   # want warning "matches no tool"
+    - {resource: tool, action: invoke, scope: {tool: fs_raed}}   # want error "matches no tool: it is neither declared nor in any ceiling (did you mean tool:fs-read?)"
 `)},
 	{name: "grant condition that does not compile", files: one("principals.yaml", base+`
 - kind: Principal
@@ -334,19 +345,19 @@ var validateCases = []validateCase{
     - tools: [tool:fs-read]   # want error "has type string, want bool"
       when: '"yes"'
 `)},
-	{name: "policy guard condition that does not compile", files: one("policies.yaml", base+`
+	{name: "policy guard condition that does not compile", files: one("policies.yaml", base+guarded+`
 - kind: ToolPolicy
   name: guard
   policy_guard:
     - {tools: [tool:fs-read], when: 'amount < 3', effect: allow}   # want error "does not compile"
 `)},
 	{name: "escalation rule condition that does not compile", files: one("policies.yaml", base+`
-- kind: ToolPolicy            # want error "escalation_rules[0] when"
+- kind: ToolPolicy
   name: escalate
   escalation_rules:
-    - {tools: [tool:fs-read], when: 'args.x >'}
+    - {tools: [tool:fs-read], when: 'args.x >'}   # want error "escalation_rules[0] when"
 `)},
-	{name: "policy guard effect", files: one("policies.yaml", base+`
+	{name: "policy guard effect", files: one("policies.yaml", base+guarded+`
 - kind: ToolPolicy
   name: guard
   policy_guard:
@@ -435,12 +446,20 @@ var validateCases = []validateCase{
 `)},
 }
 
-func TestValidate(t *testing.T) {
-	for _, c := range validateCases {
+func TestValidate(t *testing.T) { runValidateCases(t, validateCases) }
+
+// runValidateCases checks that each case produces exactly the diagnostics
+// its markers name.
+func runValidateCases(t *testing.T, cases []validateCase) {
+	t.Helper()
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			want := markers(c.files)
-			if len(want) == 0 {
+			if len(want) == 0 && !c.clean {
 				t.Fatal("case has no # want markers")
+			}
+			if len(want) > 0 && c.clean {
+				t.Fatal("a clean case has # want markers")
 			}
 			b := &policy.Bundle{}
 			for _, f := range c.files {
@@ -448,7 +467,7 @@ func TestValidate(t *testing.T) {
 			}
 			rep := b.Validate(c.opts)
 			var got []policy.Diagnostic
-			var gotKeys []diagKey
+			gotKeys := []diagKey{}
 			for _, sev := range []struct {
 				name string
 				ds   []policy.Diagnostic

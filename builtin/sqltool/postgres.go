@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -23,7 +22,7 @@ import (
 type pgBackend struct {
 	cfg     Config
 	pool    *pgxpool.Pool
-	allowed map[string]bool // "schema.name" functions outside pg_catalog
+	allowed map[TableRef]bool // Config.AllowedFunctions, as written
 }
 
 func openPostgres(ctx context.Context, cfg Config) (*pgBackend, error) {
@@ -50,9 +49,11 @@ func openPostgres(ctx context.Context, cfg Config) (*pgBackend, error) {
 		pool.Close()
 		return nil, err
 	}
-	b := &pgBackend{cfg: cfg, pool: pool, allowed: map[string]bool{}}
+	b := &pgBackend{cfg: cfg, pool: pool, allowed: map[TableRef]bool{}}
 	for _, f := range cfg.AllowedFunctions {
-		b.allowed[strings.ToLower(f)] = true
+		if ref, ok := parseFunctionName(f); ok {
+			b.allowed[ref] = true
+		}
 	}
 	return b, nil
 }
@@ -109,15 +110,6 @@ func (b *pgBackend) listTables(ctx context.Context) ([]TableInfo, error) {
 	return out, err
 }
 
-// splitQualified splits "schema.table" written by a caller; quoted
-// identifiers are not supported here, names are taken literally.
-func splitQualified(name string) TableRef {
-	if s, t, ok := strings.Cut(name, "."); ok {
-		return TableRef{Schema: s, Name: t}
-	}
-	return TableRef{Name: name}
-}
-
 // resolveRel finds the relation PostgreSQL itself would use for ref
 // (to_regclass applies search_path). A relation that does not exist is
 // returned under the schema it would be looked up in first.
@@ -145,7 +137,11 @@ func resolveRel(ctx context.Context, tx pgx.Tx, ref TableRef) (oid uint32, out T
 func (b *pgBackend) resolveTable(ctx context.Context, name string) (TableRef, error) {
 	var out TableRef
 	err := b.readTx(ctx, func(tx pgx.Tx) error {
-		_, r, _, err := resolveRel(ctx, tx, splitQualified(name))
+		ref, err := parseTableArg(name, 2)
+		if err != nil {
+			return err
+		}
+		_, r, _, err := resolveRel(ctx, tx, ref)
 		out = r
 		return err
 	})
@@ -191,47 +187,8 @@ type pgParsed struct {
 	stmt  string     // the statement's own text
 	rels  []TableRef // relation references that are not CTEs, as written
 	funcs []TableRef // function calls, as written (Schema "" when unqualified)
-}
-
-// deniedPGFunctions reach files, other servers or server state, run SQL
-// text the analysis cannot see, or write.
-var deniedPGFunctions = map[string]bool{
-	"pg_read_file": true, "pg_read_binary_file": true, "pg_stat_file": true,
-	"lo_import": true, "lo_export": true, "loread": true, "lowrite": true,
-	"query_to_xml": true, "query_to_xmlschema": true, "query_to_xml_and_xmlschema": true,
-	"cursor_to_xml": true, "cursor_to_xmlschema": true,
-	"table_to_xml": true, "table_to_xmlschema": true, "table_to_xml_and_xmlschema": true,
-	"ts_stat": true, "ts_rewrite": true,
-	"set_config": true, "nextval": true, "setval": true,
-	"pg_sleep": true, "pg_sleep_for": true, "pg_sleep_until": true,
-	"pg_terminate_backend": true, "pg_cancel_backend": true, "pg_reload_conf": true, "pg_rotate_logfile": true,
-	"pg_promote": true, "pg_switch_wal": true, "pg_create_restore_point": true,
-	"pg_backup_start": true, "pg_backup_stop": true, "pg_start_backup": true, "pg_stop_backup": true,
-	"pg_notify": true, "pg_logical_emit_message": true, "pg_import_system_collations": true,
-	"pg_log_backend_memory_contexts": true, "pg_nextoid": true, "pg_current_logfile": true,
-	"pg_wal_replay_pause": true, "pg_wal_replay_resume": true, "txid_current": true, "pg_current_xact_id": true,
-	"pg_export_snapshot": true,
-}
-
-// deniedPGPrefixes cover families: large objects, dblink, directory
-// listings, file access, advisory locks, replication and statistics resets.
-var deniedPGPrefixes = []string{
-	"lo_", "dblink", "pg_ls_", "pg_read_", "pg_file_", "pg_advisory", "pg_try_advisory",
-	"schema_to_xml", "database_to_xml", "pg_replication_", "pg_logical_slot_", "pg_create_", "pg_drop_",
-	"pg_copy_", "pg_stat_reset", "binary_upgrade_",
-}
-
-func deniedPGFunction(name string) bool {
-	name = strings.ToLower(name)
-	if deniedPGFunctions[name] {
-		return true
-	}
-	for _, p := range deniedPGPrefixes {
-		if strings.HasPrefix(name, p) {
-			return true
-		}
-	}
-	return false
+	ops   []TableRef // operators, as written (OPERATOR(schema.op) qualified)
+	types []TableRef // type names (casts, column definitions), as written
 }
 
 // cteScope is the set of CTE names visible at a point of the tree.
@@ -283,6 +240,16 @@ func (w *walker) walk(m protoreflect.Message, sc *cteScope) {
 		return
 	case *pg.FuncCall:
 		w.funcCall(n)
+	case *pg.A_Expr:
+		w.operator(n.Name)
+	case *pg.SubLink:
+		w.operator(n.OperName)
+	case *pg.SortBy:
+		w.operator(n.UseOp)
+	case *pg.TypeName:
+		w.typeName(n)
+	case *pg.RangeTableSample:
+		w.sampleMethod(n.Method)
 	default:
 		if strings.HasSuffix(string(m.Descriptor().Name()), "Stmt") {
 			w.fail(refuseQuery("%s", w.describe(m)))
@@ -370,25 +337,78 @@ func (w *walker) rangeVar(n *pg.RangeVar, sc *cteScope) {
 	w.parsed.rels = append(w.parsed.rels, TableRef{Schema: n.Schemaname, Name: n.Relname})
 }
 
-func (w *walker) funcCall(n *pg.FuncCall) {
+// qualifiedName reads a name list of the parse tree ([schema,] name); ok
+// is false for anything else (a catalog-qualified name, a non-string part).
+func qualifiedName(nodes []*pg.Node) (TableRef, bool) {
 	var parts []string
-	for _, p := range n.Funcname {
+	for _, p := range nodes {
+		s := p.GetString_()
+		if s == nil || s.GetSval() == "" {
+			return TableRef{}, false
+		}
+		parts = append(parts, s.GetSval())
+	}
+	switch len(parts) {
+	case 1:
+		return TableRef{Name: parts[0]}, true
+	case 2:
+		return TableRef{Schema: parts[0], Name: parts[1]}, true
+	}
+	return TableRef{}, false
+}
+
+// namesText renders a name list for a message.
+func namesText(nodes []*pg.Node) string {
+	var parts []string
+	for _, p := range nodes {
 		parts = append(parts, p.GetString_().GetSval())
 	}
-	name := strings.Join(parts, ".")
-	if len(parts) == 0 || len(parts) > 2 || slices.Contains(parts, "") {
-		w.fail(builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: function name %q cannot be classified", name))
-		return
-	}
-	ref := TableRef{Name: parts[len(parts)-1]}
-	if len(parts) == 2 {
-		ref.Schema = parts[0]
-	}
-	if deniedPGFunction(ref.Name) {
-		w.fail(refuseQuery("function %s(), which reaches files, other connections or server state", name))
+	return strings.Join(parts, ".")
+}
+
+func (w *walker) funcCall(n *pg.FuncCall) {
+	ref, ok := qualifiedName(n.Funcname)
+	if !ok {
+		w.fail(builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: function name %q cannot be classified", namesText(n.Funcname)))
 		return
 	}
 	w.parsed.funcs = append(w.parsed.funcs, ref)
+}
+
+// operator records an operator name (none for an A_Expr kind without one).
+func (w *walker) operator(names []*pg.Node) {
+	if len(names) == 0 {
+		return
+	}
+	ref, ok := qualifiedName(names)
+	if !ok {
+		w.fail(builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: operator %q cannot be classified", namesText(names)))
+		return
+	}
+	w.parsed.ops = append(w.parsed.ops, ref)
+}
+
+// typeName records a type a cast or column definition names.
+func (w *walker) typeName(n *pg.TypeName) {
+	if n.PctType {
+		w.fail(builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: type %s%%TYPE cannot be classified", namesText(n.Names)))
+		return
+	}
+	ref, ok := qualifiedName(n.Names)
+	if !ok {
+		w.fail(builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: type name %q cannot be classified", namesText(n.Names)))
+		return
+	}
+	w.parsed.types = append(w.parsed.types, ref)
+}
+
+// sampleMethod refuses a TABLESAMPLE method other than core PostgreSQL's:
+// a method is a function.
+func (w *walker) sampleMethod(names []*pg.Node) {
+	ref, ok := qualifiedName(names)
+	if !ok || (ref.Schema != "" && ref.Schema != "pg_catalog") || !safePGSampleMethods[ref.Name] {
+		w.fail(refuseQuery("TABLESAMPLE %s: only the core methods SYSTEM and BERNOULLI may run", namesText(names)))
+	}
 }
 
 func rangeVarName(n *pg.RangeVar) string {
@@ -509,15 +529,8 @@ func stmtText(q string, raw *pg.RawStmt) string {
 // resolve looks up functions and relations in the catalog, inside tx, and
 // returns every table and view read, views expanded.
 func (b *pgBackend) resolve(ctx context.Context, tx pgx.Tx, p *pgParsed) ([]TableRef, error) {
-	seenF := map[TableRef]bool{}
-	for _, f := range p.funcs {
-		if seenF[f] {
-			continue
-		}
-		seenF[f] = true
-		if err := b.checkFunction(ctx, tx, f); err != nil {
-			return nil, err
-		}
+	if err := b.checkCalls(ctx, tx, p, ""); err != nil {
+		return nil, err
 	}
 	var out []TableRef
 	var oids []int64
@@ -540,16 +553,7 @@ func (b *pgBackend) resolve(ctx context.Context, tx pgx.Tx, p *pgParsed) ([]Tabl
 	}
 	// Everything the referenced views read, recursively, through the
 	// dependencies of their rewrite rules.
-	rs, err := tx.Query(ctx, `
-		WITH RECURSIVE deps(oid) AS (
-			SELECT unnest($1::int8[])::oid
-			UNION
-			SELECT d.refobjid
-			FROM deps
-			JOIN pg_rewrite r ON r.ev_class = deps.oid
-			JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
-			                AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> deps.oid
-		)
+	rs, err := tx.Query(ctx, viewDepsSQL+`
 		SELECT DISTINCT n.nspname, c.relname
 		FROM deps JOIN pg_class c ON c.oid = deps.oid JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f', 'S')`, oids)
@@ -567,34 +571,248 @@ func (b *pgBackend) resolve(ctx context.Context, tx pgx.Tx, p *pgParsed) ([]Tabl
 			out = append(out, ref)
 		}
 	}
-	return out, rs.Err()
+	if err := rs.Err(); err != nil {
+		return nil, err
+	}
+	rs.Close()
+	if err := b.checkViewCalls(ctx, tx, oids); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-// checkFunction refuses a function defined outside pg_catalog, unless the
-// configuration allows it: its body may read tables the query never names.
-func (b *pgBackend) checkFunction(ctx context.Context, tx pgx.Tx, f TableRef) error {
-	if f.Schema != "" {
-		if f.Schema == "pg_catalog" || b.allowed[strings.ToLower(f.String())] {
-			return nil
+// viewDepsSQL starts a query with deps(oid): the relations $1 and, for
+// views, every relation their rewrite rules depend on, recursively.
+const viewDepsSQL = `
+		WITH RECURSIVE deps(oid) AS (
+			SELECT unnest($1::int8[])::oid
+			UNION
+			SELECT d.refobjid
+			FROM deps
+			JOIN pg_rewrite r ON r.ev_class = deps.oid
+			JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+			                AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> deps.oid
+		)`
+
+// checkViewCalls applies the function, operator and type checks to the
+// views among oids and below them: a view's body runs as part of the
+// query, so what it calls, the query calls. The body is read back with
+// pg_get_viewdef (names qualified where the search path would not find
+// them) and parsed like the query (PostgreSQL does not record dependencies
+// on pg_catalog's own functions). A materialized view's body does not run
+// when it is read.
+func (b *pgBackend) checkViewCalls(ctx context.Context, tx pgx.Tx, oids []int64) error {
+	rs, err := tx.Query(ctx, viewDepsSQL+`
+		SELECT n.nspname, c.relname, pg_get_viewdef(c.oid)
+		FROM deps JOIN pg_class c ON c.oid = deps.oid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relkind = 'v'
+		ORDER BY 1, 2`, oids)
+	if err != nil {
+		return fmt.Errorf("expand views: %w", err)
+	}
+	type view struct {
+		ref TableRef
+		def string
+	}
+	var views []view
+	for rs.Next() {
+		var v view
+		if err := rs.Scan(&v.ref.Schema, &v.ref.Name, &v.def); err != nil {
+			rs.Close()
+			return err
 		}
-		return refuseQuery("function %s(): it is defined outside pg_catalog (list it in allowed_functions to permit it)", f)
+		views = append(views, v)
+	}
+	rs.Close()
+	if err := rs.Err(); err != nil {
+		return err
+	}
+	for _, v := range views {
+		p, err := parsePG(v.def)
+		if err != nil {
+			return builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: the body of view %s cannot be classified: %v", v.ref, err)
+		}
+		if err := b.checkCalls(ctx, tx, p, "view "+v.ref.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkCalls checks every function, operator and type p names; in, when
+// set, names the view whose body p is, for the refusal.
+func (b *pgBackend) checkCalls(ctx context.Context, tx pgx.Tx, p *pgParsed, in string) error {
+	for _, check := range []struct {
+		refs []TableRef
+		fn   func(context.Context, pgx.Tx, TableRef, string) error
+	}{{p.funcs, b.checkFunction}, {p.ops, b.checkOperator}, {p.types, b.checkType}} {
+		seen := map[TableRef]bool{}
+		for _, r := range check.refs {
+			if seen[r] {
+				continue
+			}
+			seen[r] = true
+			if err := check.fn(ctx, tx, r, in); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// refuseIn is refuseQuery, for a call found in the body of view in.
+func refuseIn(in, format string, args ...any) *toolgate.Error {
+	if in == "" {
+		return refuseQuery(format, args...)
+	}
+	return refuseQuery("%s, whose body has %s", in, fmt.Sprintf(format, args...))
+}
+
+// checkFunction allows a function call only when it is known to be safe:
+// a pg_catalog function on safePGFunctions, or one Config.AllowedFunctions
+// names. An unqualified name is looked up the way PostgreSQL resolves it
+// (every schema of the search path, pg_catalog included), and every
+// function of that name there must be allowed, since the analysis does not
+// know which overload PostgreSQL picks; a name that resolves to nothing is
+// refused too.
+func (b *pgBackend) checkFunction(ctx context.Context, tx pgx.Tx, f TableRef, in string) error {
+	refuse := func(schema string) error {
+		where := "it is not one of the functions known to be safe in a read-only query"
+		if schema != "" && schema != "pg_catalog" {
+			where = "it is defined outside pg_catalog, where its body may read tables the query does not name"
+		}
+		return refuseIn(in, "function %s(): %s (list %s in allowed_functions to permit it)", f, where, TableRef{Schema: orDefault(schema, "pg_catalog"), Name: f.Name})
+	}
+	if f.Schema != "" {
+		if !b.functionAllowed(f.Schema, f.Name) {
+			return refuse(f.Schema)
+		}
+		return nil
 	}
 	rs, err := tx.Query(ctx, `
 		SELECT DISTINCT n.nspname
 		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-		WHERE p.proname = $1 AND n.nspname = ANY (current_schemas(true))`, f.Name)
+		WHERE p.proname = $1 AND n.nspname = ANY (current_schemas(true))
+		ORDER BY 1`, f.Name)
 	if err != nil {
 		return fmt.Errorf("look up function %s: %w", f.Name, err)
 	}
 	defer rs.Close()
+	found := false
 	for rs.Next() {
 		var schema string
 		if err := rs.Scan(&schema); err != nil {
 			return err
 		}
-		if schema != "pg_catalog" && !b.allowed[strings.ToLower(schema+"."+f.Name)] {
-			return refuseQuery("function %s(): %s.%s is defined outside pg_catalog (list it in allowed_functions to permit it)", f.Name, schema, f.Name)
+		found = true
+		if !b.functionAllowed(schema, f.Name) {
+			return refuse(schema)
 		}
+	}
+	if err := rs.Err(); err != nil {
+		return err
+	}
+	if !found {
+		return refuse("")
+	}
+	return nil
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// functionAllowed reports whether schema.name may be called: a safe
+// pg_catalog function, or one the configuration allows (compared exactly:
+// PostgreSQL names are case sensitive once quoted).
+func (b *pgBackend) functionAllowed(schema, name string) bool {
+	return (schema == "pg_catalog" && safePGFunctions[name]) || b.allowed[TableRef{Schema: schema, Name: name}]
+}
+
+// checkOperator allows an operator of pg_catalog, one that an extension
+// installed (CREATE EXTENSION: citext's =, hstore's ->), or one whose
+// function is allowed (functionAllowed). Any other operator, one a user
+// made with CREATE OPERATOR, runs a function the query never names, so it
+// is refused. An unqualified operator is checked in every schema of the
+// search path.
+func (b *pgBackend) checkOperator(ctx context.Context, tx pgx.Tx, op TableRef, in string) error {
+	if op.Schema == "pg_catalog" {
+		return nil
+	}
+	rs, err := tx.Query(ctx, `
+		SELECT n.nspname, pn.nspname, p.proname,
+		       EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_operator'::regclass AND d.objid = o.oid
+		               AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e')
+		FROM pg_operator o
+		JOIN pg_namespace n ON n.oid = o.oprnamespace
+		JOIN pg_proc p ON p.oid = o.oprcode JOIN pg_namespace pn ON pn.oid = p.pronamespace
+		WHERE o.oprname = $1 AND n.nspname <> 'pg_catalog'
+		  AND CASE WHEN $2 = '' THEN n.nspname = ANY (current_schemas(true)) ELSE n.nspname = $2 END
+		ORDER BY 1, 2, 3`, op.Name, op.Schema)
+	if err != nil {
+		return fmt.Errorf("look up operator %s: %w", op, err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var schema, fschema, fname string
+		var ext bool
+		if err := rs.Scan(&schema, &fschema, &fname, &ext); err != nil {
+			return err
+		}
+		if !ext && !b.functionAllowed(fschema, fname) {
+			return refuseIn(in, "operator %s: %s.%s runs %s.%s(), which is not known to be safe (list it in allowed_functions to permit it)",
+				op.Name, schema, op.Name, fschema, fname)
+		}
+	}
+	return rs.Err()
+}
+
+// checkType allows a cast to (or column of) a type unless it can run a
+// function that is not allowed: a cast into it defined with a function
+// outside pg_catalog (CREATE CAST ... WITH FUNCTION), or, for a domain, a
+// CHECK constraint calling one (also through the domains it is built on).
+// An unqualified name is checked in every schema of the search path.
+func (b *pgBackend) checkType(ctx context.Context, tx pgx.Tx, t TableRef, in string) error {
+	rs, err := tx.Query(ctx, `
+		WITH RECURSIVE typ(oid) AS (
+			SELECT t.oid FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+			WHERE t.typname = $1
+			  AND CASE WHEN $2 = '' THEN n.nspname = ANY (current_schemas(true)) ELSE n.nspname = $2 END
+			UNION
+			SELECT t.typbasetype FROM typ JOIN pg_type t ON t.oid = typ.oid WHERE t.typtype = 'd'
+		)
+		SELECT 'cast', pn.nspname, p.proname
+		FROM typ JOIN pg_cast c ON c.casttarget = typ.oid
+		JOIN pg_proc p ON p.oid = c.castfunc JOIN pg_namespace pn ON pn.oid = p.pronamespace
+		WHERE pn.nspname <> 'pg_catalog'
+		  AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_cast'::regclass AND d.objid = c.oid
+		                  AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e')
+		UNION ALL
+		SELECT 'domain', pn.nspname, p.proname
+		FROM typ JOIN pg_constraint k ON k.contypid = typ.oid
+		JOIN pg_depend d ON d.classid = 'pg_constraint'::regclass AND d.objid = k.oid AND d.refclassid = 'pg_proc'::regclass
+		JOIN pg_proc p ON p.oid = d.refobjid JOIN pg_namespace pn ON pn.oid = p.pronamespace
+		ORDER BY 1, 2, 3`, t.Name, t.Schema)
+	if err != nil {
+		return fmt.Errorf("look up type %s: %w", t, err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var kind, fschema, fname string
+		if err := rs.Scan(&kind, &fschema, &fname); err != nil {
+			return err
+		}
+		if b.functionAllowed(fschema, fname) {
+			continue
+		}
+		how := "a cast into it"
+		if kind == "domain" {
+			how = "its domain constraint"
+		}
+		return refuseIn(in, "type %s: %s runs %s.%s(), which is not known to be safe (list it in allowed_functions to permit it)", t, how, fschema, fname)
 	}
 	return rs.Err()
 }

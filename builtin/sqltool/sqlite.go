@@ -58,13 +58,6 @@ func readModules(ctx context.Context, c *sql.Conn, into map[string]bool) error {
 	return rs.Err()
 }
 
-// deniedSQLiteFunctions read or write files or load code.
-var deniedSQLiteFunctions = map[string]bool{
-	"load_extension": true, "readfile": true, "writefile": true, "edit": true, "fts3_tokenizer": true,
-	"zipfile": true, "sqlar_compress": true, "sqlar_uncompress": true, "lsdir": true, "fsdir": true,
-	"sqlite_dbpage": true, "sqlite_dbdata": true, "sqlite_dbptr": true,
-}
-
 func denyAll(sqlite.AuthorizerActionCode, string, string, string, string) sqlite.AuthorizerReturnCode {
 	return sqlite.AuthorizerDeny
 }
@@ -206,7 +199,16 @@ func (b *sqliteBackend) listTables(ctx context.Context) ([]TableInfo, error) {
 
 func (b *sqliteBackend) resolveTable(ctx context.Context, name string) (TableRef, error) {
 	n := name
-	if s, t, ok := strings.Cut(name, "."); ok && strings.EqualFold(s, "main") {
+	if strings.Contains(name, `"`) {
+		ref, err := parseTableArg(name, 2)
+		if err != nil {
+			return TableRef{}, err
+		}
+		if ref.Schema != "" && !strings.EqualFold(ref.Schema, "main") {
+			return TableRef{}, builtin.BadArguments(nil, "%s: table %q: only the main database's tables can be described", DescribeTableName, name)
+		}
+		n = ref.Name
+	} else if s, t, ok := strings.Cut(name, "."); ok && strings.EqualFold(s, "main") {
 		n = t
 	}
 	m, err := b.schema(ctx)
@@ -342,8 +344,10 @@ func classify(e authEvent) *toolgate.Error {
 		}
 		return nil
 	case sqlite.AuthFunction:
-		if deniedSQLiteFunctions[strings.ToLower(e.arg2)] {
-			return unsafe("function %s(), which reaches files or loads code", e.arg2)
+		// An allow-list (functions.go): anything else may reach files,
+		// load code or show connection state.
+		if !safeSQLiteFunction(e.arg2) {
+			return unsafe("function %s(), which is not one of the functions known to be safe in a read-only query", e.arg2)
 		}
 		return nil
 	case sqlite.AuthPragma:

@@ -27,11 +27,23 @@
 // the authorizer still enforcing) or in a READ ONLY transaction (PostgreSQL),
 // under a statement timeout.
 //
-// Known limits: on PostgreSQL, functions outside pg_catalog are refused
-// unless Config.AllowedFunctions names them, but user-defined operators and
-// casts (which call functions) are not checked; a view's own functions and
-// row-level policies are the view owner's. On SQLite a query naming a table
-// that does not exist fails to prepare, so the refusal says so before
+// The functions a query may call are an allow-list (functions.go): on
+// SQLite every function the authorizer reports (views included); on
+// PostgreSQL every function call, every operator (one of pg_catalog, one an
+// extension installed, or one whose function is allowed), every cast or
+// type whose cast function or domain constraint calls a function, and
+// TABLESAMPLE methods, in the query and in the body of every view it
+// reads. Config.AllowedFunctions permits more.
+//
+// Resource names are injective: a part holding '.' or '"' is quoted
+// (policy.JoinName), so the table "orders.secret" is shop."orders.secret",
+// which a grant on shop.orders does not cover.
+//
+// Known limits: on PostgreSQL, what the planner chooses implicitly is not
+// seen (implicit casts, and the equality and sort operators of GROUP BY,
+// DISTINCT and joins, for types defined outside pg_catalog); row-level
+// policies are the table owner's. On SQLite a query naming a table that
+// does not exist fails to prepare, so the refusal says so before
 // authorization (PostgreSQL and describe_table report the name instead).
 package sqltool
 
@@ -49,8 +61,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/builtin"
+	"github.com/toolgate/toolgate/policy"
 )
 
 // Function names of the tools.
@@ -131,8 +146,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("database %q: statement_timeout and max_rows must not be negative", c.Name)
 	}
 	for _, f := range c.AllowedFunctions {
-		if strings.Count(f, ".") != 1 {
-			return fmt.Errorf("database %q: allowed_functions entry %q must be schema.name", c.Name, f)
+		if _, ok := parseFunctionName(f); !ok {
+			return fmt.Errorf("database %q: allowed_functions entry %q must be schema.name (a part in double quotes is taken as written, an unquoted one in lower case)", c.Name, f)
 		}
 	}
 	return nil
@@ -158,12 +173,51 @@ type TableRef struct {
 	Name   string `json:"name"`
 }
 
-// String returns "table" or "schema.table".
+// String returns "table" or "schema.table", each part quoted as in
+// resource names (policy.QuoteNamePart) when it holds '.' or '"', so that
+// no two references print alike.
 func (r TableRef) String() string {
 	if r.Schema == "" {
-		return r.Name
+		return policy.JoinName(r.Name)
 	}
-	return r.Schema + "." + r.Name
+	return policy.JoinName(r.Schema, r.Name)
+}
+
+// resourceName is the sql_table resource name of ref in database db:
+// "<db>.<table>" or "<db>.<schema>.<table>", each part quoted when it holds
+// '.' or '"' (policy.JoinName), so that a grant on one object never covers
+// another: the table orders.secret is db."orders.secret", apart from any
+// table below db.orders, and the schema a.b's table c (db."a.b".c) is apart
+// from the schema a's table b.c (db.a."b.c").
+func resourceName(db string, ref TableRef) string {
+	if ref.Schema == "" {
+		return policy.JoinName(db, ref.Name)
+	}
+	return policy.JoinName(db, ref.Schema, ref.Name)
+}
+
+// parseTableArg reads a table argument of sql.describe_table. Written with
+// double quotes, it is read like a resource name (policy.SplitName): up to
+// maxParts parts, each quoted part as written ("orders.secret" is one
+// table). Without quotes it is split at its first dot when maxParts is 2
+// (schema.table) and taken whole otherwise. Names are never case-folded.
+func parseTableArg(s string, maxParts int) (TableRef, error) {
+	if !strings.Contains(s, `"`) {
+		if maxParts == 2 {
+			if sc, t, ok := strings.Cut(s, "."); ok {
+				return TableRef{Schema: sc, Name: t}, nil
+			}
+		}
+		return TableRef{Name: s}, nil
+	}
+	parts, ok := policy.SplitName(s)
+	if !ok || len(parts) > maxParts {
+		return TableRef{}, builtin.BadArguments(nil, "%s: table %q is not a table name (parts joined by '.', a part holding '.' or '\"' in double quotes, each '\"' doubled)", DescribeTableName, s)
+	}
+	if len(parts) == 2 {
+		return TableRef{Schema: parts[0], Name: parts[1]}, nil
+	}
+	return TableRef{Name: parts[0]}, nil
 }
 
 // TableInfo is one entry of sql.list_tables. Type is "table" or "view"
@@ -259,7 +313,7 @@ func (d *DB) resources(refs []TableRef) []toolgate.Resource {
 	seen := map[string]bool{}
 	out := make([]toolgate.Resource, 0, len(refs))
 	for _, r := range refs {
-		name := d.cfg.Name + "." + r.String()
+		name := resourceName(d.cfg.Name, r)
 		if seen[name] {
 			continue
 		}
@@ -432,7 +486,7 @@ func (t *describeTool) Spec() builtin.Spec {
 	return builtin.Spec{
 		Description: "Describes one table or view: its columns, types, nullability, defaults and primary key.",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{` + t.s.dbSchema() +
-			`,"table":{"type":"string","description":"table or view name; on PostgreSQL optionally schema.table"}` +
+			`,"table":{"type":"string","description":"table or view name; on PostgreSQL optionally schema.table; a part holding a dot or a double quote is written in double quotes (\"orders.secret\")"}` +
 			`},"required":["table"],"additionalProperties":false}`),
 		SideEffect: toolgate.SideEffectRead,
 	}
@@ -478,7 +532,7 @@ func (t *describeTool) Run(ctx context.Context, inv builtin.Invocation) (builtin
 	if err != nil {
 		return builtin.Result{}, err
 	}
-	lines := []string{d.Name() + "." + ref.String()}
+	lines := []string{resourceName(d.Name(), ref)}
 	for _, c := range cols {
 		l := "  " + c.Name + " " + c.Type
 		if !c.Nullable {
@@ -525,8 +579,9 @@ func (t *queryTool) Name() string { return QueryName }
 func (t *queryTool) Spec() builtin.Spec {
 	return builtin.Spec{
 		Description: "Runs one read-only SQL query (a single SELECT, WITH … SELECT, VALUES or TABLE statement) " +
-			"and returns its columns and rows. Writes, DDL, PRAGMA, ATTACH, transaction control and functions " +
-			"that reach files or other servers are refused.",
+			"and returns its columns and rows. Writes, DDL, PRAGMA, ATTACH and transaction control are refused, " +
+			"and so is any function that is not on the list of those known to be safe (core, date, math, JSON, " +
+			"aggregate and window functions).",
 		InputSchema: json.RawMessage(`{"type":"object","properties":{` + t.s.dbSchema() +
 			`,"query":{"type":"string","description":"exactly one read-only SQL statement"}` +
 			`},"required":["query"],"additionalProperties":false}`),
@@ -707,4 +762,26 @@ func sortTables(ts []TableInfo) {
 		}
 		return ts[i].Name < ts[j].Name
 	})
+}
+
+// Check reports whether cfg can be opened, as Open would, without keeping
+// anything open and without writing: the configuration is validated; a
+// SQLite file is opened read-only, its schema read, and closed; a
+// PostgreSQL DSN is parsed, and with connect the server is also reached
+// and pinged (no connection stays open). Errors are Open's.
+func Check(ctx context.Context, cfg Config, connect bool) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.Driver == DriverPostgres && !connect {
+		if _, err := pgxpool.ParseConfig(cfg.DSN); err != nil {
+			return fmt.Errorf("database %q: dsn: %w", cfg.Name, err)
+		}
+		return nil
+	}
+	db, err := Open(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	return db.Close()
 }

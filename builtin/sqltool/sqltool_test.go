@@ -22,7 +22,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/builtin"
+	"github.com/toolgate/toolgate/policy"
 )
 
 // ---- fixtures ----
@@ -79,9 +81,18 @@ func pgSchema(t testing.TB) (dsn, schema string) {
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	schema = "tg_builtin_" + hex.EncodeToString(rnd[:])
-	setup := fmt.Sprintf("CREATE SCHEMA %s; SET search_path = %s; %s\n"+
-		"CREATE FUNCTION %s.peek_tokens() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM %s.api_tokens';",
-		schema, schema, fixtureSQL(t), schema, schema)
+	// peek_tokens reads api_tokens in its body; === , peeky and the cast
+	// into mood reach it (or one like it) without naming it
+	// (testdata/functions.yaml).
+	setup := fmt.Sprintf("CREATE SCHEMA %[1]s; SET search_path = %[1]s; %[2]s\n"+
+		"CREATE FUNCTION %[1]s.peek_tokens() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM %[1]s.api_tokens';\n"+
+		"CREATE FUNCTION %[1]s.peek_eq(int, int) RETURNS bool LANGUAGE sql AS 'SELECT count(*) > 0 FROM %[1]s.api_tokens';\n"+
+		"CREATE OPERATOR %[1]s.=== (FUNCTION = %[1]s.peek_eq, LEFTARG = int, RIGHTARG = int);\n"+
+		"CREATE DOMAIN %[1]s.peeky AS int CHECK (%[1]s.peek_tokens() >= 0);\n"+
+		"CREATE TYPE %[1]s.mood AS ENUM ('ok');\n"+
+		"CREATE FUNCTION %[1]s.mood_of(int) RETURNS %[1]s.mood LANGUAGE sql AS 'SELECT ''ok''::%[1]s.mood FROM %[1]s.api_tokens LIMIT 1';\n"+
+		"CREATE CAST (int AS %[1]s.mood) WITH FUNCTION %[1]s.mood_of(int);",
+		schema, fixtureSQL(t))
 	if _, err := conn.Exec(ctx, setup); err != nil {
 		conn.Close(ctx)
 		t.Fatal(err)
@@ -103,6 +114,7 @@ type backendCase struct {
 	driver string
 	db     *DB
 	prefix string // resource name prefix before the table
+	schema string // PostgreSQL: the test's own schema
 }
 
 // backends opens the fixture on both databases.
@@ -119,7 +131,7 @@ func backends(t *testing.T, mod func(*Config)) []backendCase {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sdb.Close() })
-	out = append(out, backendCase{DriverSQLite, sdb, "shop."})
+	out = append(out, backendCase{DriverSQLite, sdb, "shop.", ""})
 	if os.Getenv("TOOLGATE_PG_DSN") == "off" {
 		t.Log("TOOLGATE_PG_DSN=off: PostgreSQL cases skipped")
 		return out
@@ -134,7 +146,7 @@ func backends(t *testing.T, mod func(*Config)) []backendCase {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pdb.Close() })
-	return append(out, backendCase{DriverPostgres, pdb, "shop." + schema + "."})
+	return append(out, backendCase{DriverPostgres, pdb, "shop." + schema + ".", schema})
 }
 
 func toolsFor(t *testing.T, db *DB, opts *Options) map[string]builtin.Tool {
@@ -177,9 +189,9 @@ type queryCase struct {
 	Names  []string      `yaml:"names"`
 }
 
-func loadCases(t *testing.T) []queryCase {
+func loadCases(t *testing.T, file string) []queryCase {
 	t.Helper()
-	b, err := os.ReadFile("testdata/queries.yaml")
+	b, err := os.ReadFile(filepath.Join("testdata", file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,8 +204,17 @@ func loadCases(t *testing.T) []queryCase {
 	return cs
 }
 
-func TestQueryCases(t *testing.T) {
-	cases := loadCases(t)
+func TestQueryCases(t *testing.T) { runQueryCases(t, "queries.yaml") }
+
+// TestFunctionAllowList pins the allow-list of functions a query may call
+// (functions.go), through calls, operators, casts and TABLESAMPLE, on the
+// real SQLite and PostgreSQL.
+func TestFunctionAllowList(t *testing.T) { runQueryCases(t, "functions.yaml") }
+
+// runQueryCases checks Inspect and Run of every case of a testdata file on
+// both databases.
+func runQueryCases(t *testing.T, file string) {
+	cases := loadCases(t, file)
 	for _, be := range backends(t, nil) {
 		tl := toolsFor(t, be.db, nil)[QueryName]
 		t.Run(be.driver, func(t *testing.T) {
@@ -203,11 +224,12 @@ func TestQueryCases(t *testing.T) {
 				}
 				t.Run(tc.Name, func(t *testing.T) {
 					ctx := context.Background()
-					got, err := tl.Inspect(ctx, inv(map[string]string{"query": tc.Query}))
+					q := strings.ReplaceAll(tc.Query, "{schema}", be.schema)
+					got, err := tl.Inspect(ctx, inv(map[string]string{"query": q}))
 					if diff := cmp.Diff(tc.Code, codeOf(err)); diff != "" {
 						t.Fatalf("code (-want +got):\n%s\nerr: %v", diff, err)
 					}
-					_, rerr := tl.Run(ctx, inv(map[string]string{"query": tc.Query}))
+					_, rerr := tl.Run(ctx, inv(map[string]string{"query": q}))
 					if tc.Code != "" {
 						var te *toolgate.Error
 						errors.As(err, &te)
@@ -527,22 +549,63 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+// TestAllowedFunctions checks that allowed_functions permits exactly the
+// functions it names, read with PostgreSQL's identifier rules: an unquoted
+// entry names the lowercase function, never another one spelled with other
+// cases, and a quoted one exactly what it quotes.
 func TestAllowedFunctions(t *testing.T) {
 	if os.Getenv("TOOLGATE_PG_DSN") == "off" {
 		t.Skip("TOOLGATE_PG_DSN=off")
 	}
+	ctx := context.Background()
 	dsn, schema := pgSchema(t)
-	db, err := Open(context.Background(), Config{Name: "shop", Driver: DriverPostgres, DSN: dsn, AllowedFunctions: []string{schema + ".peek_tokens"}})
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
-	got, err := db.Tables(context.Background(), "SELECT peek_tokens() FROM orders")
+	_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION %[1]s."PEEK_TOKENS"() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM %[1]s.api_tokens';
+		CREATE FUNCTION %[1]s."Mixed"() RETURNS int LANGUAGE sql AS 'SELECT 1'`, schema))
+	conn.Close(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]toolgate.Resource{{Type: ResourceTable, Name: "shop." + schema + ".orders", Action: "read"}}, got); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
+	orders := []toolgate.Resource{{Type: ResourceTable, Name: "shop." + schema + ".orders", Action: "read"}}
+	tests := []struct {
+		name    string
+		allowed []string
+		query   string
+		want    []toolgate.Resource // nil: refused
+	}{
+		{"the named function", []string{schema + ".peek_tokens"}, "SELECT peek_tokens() FROM orders", orders},
+		{"written in capitals, an unquoted entry is lower case", []string{strings.ToUpper(schema) + ".PEEK_TOKENS"}, "SELECT peek_tokens() FROM orders", orders},
+		{"another function spelled in capitals is not covered", []string{schema + ".peek_tokens"}, `SELECT "PEEK_TOKENS"() FROM orders`, nil},
+		{"a quoted entry names it", []string{schema + `."PEEK_TOKENS"`}, `SELECT "PEEK_TOKENS"() FROM orders`, orders},
+		{"a quoted entry does not name the lower-case one", []string{schema + `."PEEK_TOKENS"`}, "SELECT peek_tokens() FROM orders", nil},
+		{"mixed case needs quotes", []string{schema + ".Mixed"}, `SELECT "Mixed"() FROM orders`, nil},
+		{"mixed case quoted", []string{schema + `."Mixed"`}, `SELECT "Mixed"() FROM orders`, orders},
+		{"a pg_catalog function off the list", []string{"pg_catalog.version"}, "SELECT version() FROM orders", orders},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			db, err := Open(ctx, Config{Name: "shop", Driver: DriverPostgres, DSN: dsn, AllowedFunctions: tc.allowed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			got, err := db.Tables(ctx, tc.query)
+			if tc.want == nil {
+				if codeOf(err) != toolgate.CodeUnsafeQuery {
+					t.Fatalf("got %v, %v; want a refusal", got, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
@@ -580,4 +643,250 @@ func TestSQLiteValueSizeBounded(t *testing.T) {
 	if _, err := query.Run(ctx, inv); err == nil {
 		t.Fatal("a 900 MB value was built; want a too-big error")
 	}
+}
+
+// TestFunctionsThroughViews checks that a function a view calls is held to
+// the allow-list like one the query names: reading the view runs it.
+func TestFunctionsThroughViews(t *testing.T) {
+	ctx := context.Background()
+	type viewCase struct {
+		name  string
+		query string
+		names []string // "" refusal: the query passes
+	}
+	t.Run(DriverSQLite, func(t *testing.T) {
+		p := sqliteFile(t)
+		raw, err := sql.Open("sqlite", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.Exec(`CREATE VIEW build AS SELECT sqlite_version() AS v;
+			CREATE VIEW over_build AS SELECT v FROM build;
+			CREATE VIEW fine AS SELECT lower(status) AS s FROM orders`); err != nil {
+			t.Fatal(err)
+		}
+		raw.Close()
+		db, err := Open(ctx, Config{Name: "shop", Driver: DriverSQLite, Path: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		for _, tc := range []viewCase{
+			{"view calling an unsafe function", "SELECT * FROM build", []string{"sqlite_version"}},
+			{"view over such a view", "SELECT * FROM over_build", []string{"sqlite_version"}},
+			{"view calling safe functions", "SELECT * FROM fine", nil},
+		} {
+			t.Run(tc.name, func(t *testing.T) { checkViewCase(t, db, tc.query, tc.names) })
+		}
+	})
+	t.Run(DriverPostgres, func(t *testing.T) {
+		if os.Getenv("TOOLGATE_PG_DSN") == "off" {
+			t.Skip("TOOLGATE_PG_DSN=off")
+		}
+		dsn, schema := pgSchema(t)
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE VIEW %[1]s.peek_view AS SELECT %[1]s.peek_tokens() AS n;
+			CREATE VIEW %[1]s.over_peek AS SELECT n FROM %[1]s.peek_view;
+			CREATE VIEW %[1]s.op_view AS SELECT id FROM %[1]s.orders WHERE id OPERATOR(%[1]s.===) 1;
+			CREATE VIEW %[1]s.setting_view AS SELECT current_setting('search_path') AS s;
+			CREATE VIEW %[1]s.fine_view AS SELECT lower(status) AS s, count(*) AS n FROM %[1]s.orders GROUP BY 1`, schema))
+		conn.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db, err := Open(ctx, Config{Name: "shop", Driver: DriverPostgres, DSN: dsn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		for _, tc := range []viewCase{
+			{"view calling a function outside pg_catalog", "SELECT * FROM peek_view", []string{"view " + schema + ".peek_view, whose body has function", "peek_tokens"}},
+			{"view over such a view", "SELECT * FROM over_peek", []string{"peek_view", "peek_tokens"}},
+			{"view using a user operator", "SELECT * FROM op_view", []string{"op_view", "===", "peek_eq"}},
+			{"view calling an unsafe pg_catalog function", "SELECT * FROM setting_view", []string{"setting_view", "current_setting"}},
+			{"view calling safe functions", "SELECT * FROM fine_view", nil},
+		} {
+			t.Run(tc.name, func(t *testing.T) { checkViewCase(t, db, tc.query, tc.names) })
+		}
+	})
+}
+
+func checkViewCase(t *testing.T, db *DB, query string, names []string) {
+	t.Helper()
+	tl := toolsFor(t, db, nil)[QueryName]
+	ctx := context.Background()
+	_, err := tl.Inspect(ctx, inv(map[string]string{"query": query}))
+	_, rerr := tl.Run(ctx, inv(map[string]string{"query": query}))
+	if names == nil {
+		if err != nil || rerr != nil {
+			t.Fatalf("Inspect: %v; Run: %v", err, rerr)
+		}
+		return
+	}
+	for _, e := range []error{err, rerr} {
+		if codeOf(e) != toolgate.CodeUnsafeQuery {
+			t.Fatalf("code %q, want %q (%v)", codeOf(e), toolgate.CodeUnsafeQuery, e)
+		}
+		for _, n := range names {
+			if !strings.Contains(e.Error(), n) {
+				t.Errorf("refusal %q does not name %q", e, n)
+			}
+		}
+	}
+}
+
+// TestResourceNamesInjective pins that a table's resource name never
+// passes for another object's, with real tables whose names hold dots and
+// quotes: a grant on shop.orders does not cover the table "orders.secret",
+// and the schema "a.b"'s table c is apart from the schema a's table "b.c".
+// Each call is decided by the real decision core with the resources
+// Inspect reports.
+func TestResourceNamesInjective(t *testing.T) {
+	ctx := context.Background()
+	type nameCase struct {
+		name   string
+		args   map[string]string // sql.query's or sql.describe_table's
+		tool   string
+		want   []string        // resource names
+		grants map[string]bool // grant scope (name) → whether the call passes with it alone
+	}
+	run := func(t *testing.T, db *DB, cases []nameCase) {
+		tl := toolsFor(t, db, nil)
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				res, err := tl[tc.tool].Inspect(ctx, inv(tc.args))
+				if err != nil {
+					t.Fatalf("Inspect: %v", err)
+				}
+				var got []string
+				for _, r := range res {
+					got = append(got, r.Name)
+				}
+				if diff := cmp.Diff(tc.want, got); diff != "" {
+					t.Fatalf("resources (-want +got):\n%s", diff)
+				}
+				if _, err := tl[tc.tool].Run(ctx, inv(tc.args)); err != nil {
+					t.Errorf("Run: %v", err)
+				}
+				for scope, pass := range tc.grants {
+					if got := decideWith(t, scope, res); got != pass {
+						t.Errorf("a grant on {name: %s} lets the call through: %v, want %v", scope, got, pass)
+					}
+				}
+			})
+		}
+	}
+
+	t.Run(DriverSQLite, func(t *testing.T) {
+		p := filepath.Join(t.TempDir(), "shop.db")
+		raw, err := sql.Open("sqlite", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := raw.Exec(`CREATE TABLE orders (id INTEGER);
+			CREATE TABLE "orders.secret" (token TEXT); INSERT INTO "orders.secret" VALUES ('s3cret');
+			CREATE TABLE "we""ird" (x INTEGER);
+			CREATE TABLE "orders"".x" (x INTEGER);`); err != nil {
+			t.Fatal(err)
+		}
+		raw.Close()
+		db, err := Open(ctx, Config{Name: "shop", Driver: DriverSQLite, Path: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		run(t, db, []nameCase{
+			{"plain table", map[string]string{"query": "SELECT * FROM orders"}, QueryName, []string{"shop.orders"},
+				map[string]bool{"shop": true, "shop.orders": true, `shop."orders.secret"`: false}},
+			{"table with a dot", map[string]string{"query": `SELECT * FROM "orders.secret"`}, QueryName, []string{`shop."orders.secret"`},
+				map[string]bool{"shop.orders": false, `shop."orders.secret"`: true, "shop": true}},
+			{"table with a quote", map[string]string{"query": `SELECT * FROM "we""ird"`}, QueryName, []string{`shop."we""ird"`},
+				map[string]bool{`shop."we""ird"`: true, "shop.we": false}},
+			{"table with a quote and a dot", map[string]string{"query": `SELECT * FROM "orders"".x"`}, QueryName, []string{`shop."orders"".x"`},
+				map[string]bool{"shop.orders": false, `shop."orders"""`: false, `shop."orders"".x"`: true}},
+			{"describe a table with a dot", map[string]string{"table": `"orders.secret"`}, DescribeTableName, []string{`shop."orders.secret"`},
+				map[string]bool{"shop.orders": false, `shop."orders.secret"`: true}},
+			{"describe it unquoted", map[string]string{"table": "orders.secret"}, DescribeTableName, []string{`shop."orders.secret"`},
+				map[string]bool{"shop.orders": false}},
+		})
+	})
+
+	t.Run(DriverPostgres, func(t *testing.T) {
+		if os.Getenv("TOOLGATE_PG_DSN") == "off" {
+			t.Skip("TOOLGATE_PG_DSN=off")
+		}
+		dsn, s := pgSchema(t)
+		dotted := s + ".b" // the schema "<s>.b", beside the schema <s>
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			c, err := pgx.Connect(context.Background(), dsn)
+			if err == nil {
+				_, _ = c.Exec(context.Background(), fmt.Sprintf(`DROP SCHEMA IF EXISTS %q CASCADE`, dotted))
+				c.Close(context.Background())
+			}
+		})
+		_, err = conn.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %[2]q; CREATE TABLE %[2]q.c (x int);
+			CREATE TABLE %[1]s."b.c" (x int); CREATE TABLE %[1]s."orders.secret" (token text);
+			CREATE TABLE %[1]s."we""ird" (x int)`, s, dotted))
+		conn.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db, err := Open(ctx, Config{Name: "shop", Driver: DriverPostgres, DSN: dsn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		qs := fmt.Sprintf("%q", dotted)
+		run(t, db, []nameCase{
+			{"the schema a's table b.c", map[string]string{"query": `SELECT * FROM "b.c"`}, QueryName, []string{"shop." + s + `."b.c"`},
+				map[string]bool{"shop." + s: true, "shop." + qs: false, "shop." + s + `."b.c"`: true}},
+			{"the schema a.b's table c", map[string]string{"query": "SELECT * FROM " + qs + ".c"}, QueryName, []string{"shop." + qs + ".c"},
+				map[string]bool{"shop." + s: false, "shop." + qs: true, "shop." + s + `."b.c"`: false}},
+			{"table with a dot", map[string]string{"query": `SELECT * FROM "orders.secret"`}, QueryName, []string{"shop." + s + `."orders.secret"`},
+				map[string]bool{"shop." + s + ".orders": false, "shop." + s + `."orders.secret"`: true}},
+			{"table with a quote", map[string]string{"query": `SELECT * FROM "we""ird"`}, QueryName, []string{"shop." + s + `."we""ird"`},
+				map[string]bool{"shop." + s + ".we": false, "shop." + s + `."we""ird"`: true}},
+			{"both in one query", map[string]string{"query": `SELECT * FROM "b.c", ` + qs + ".c"}, QueryName,
+				[]string{"shop." + qs + ".c", "shop." + s + `."b.c"`},
+				map[string]bool{"shop." + s: false, "shop." + qs: false, "shop": true}},
+			{"describe the schema a.b's table c", map[string]string{"table": qs + ".c"}, DescribeTableName, []string{"shop." + qs + ".c"},
+				map[string]bool{"shop." + s: false, "shop." + qs: true}},
+			{"describe the schema a's table b.c", map[string]string{"table": s + `."b.c"`}, DescribeTableName, []string{"shop." + s + `."b.c"`},
+				map[string]bool{"shop." + qs: false, "shop." + s: true}},
+		})
+	})
+}
+
+// decideWith decides a sql.query call touching res for a principal whose
+// only sql_table grant is {name: scope}, with the real decision core.
+func decideWith(t *testing.T, scope string, res []toolgate.Resource) bool {
+	t.Helper()
+	b := &policy.Bundle{}
+	q, _ := json.Marshal(scope)
+	b.AddYAML("bundle.yaml", []byte(`
+- {kind: Database, name: shop, driver: sqlite, path: shop.db}
+- {kind: Tool, name: sql.query, tool_id: tool:sql-query, side_effect_class: read, source: {builtin: sql.query}}
+- kind: Agent
+  agent_id: analyst
+  tool_permissions: [{tool_id: tool:sql-query, side_effect_class: read}]
+- {kind: RuntimePolicy, agent_id: analyst, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}
+- kind: Principal
+  principal_id: user:a
+  grants:
+    - {resource: tool, action: invoke, scope: all}
+    - {resource: sql_table, action: read, scope: {name: `+string(q)+`}}
+`))
+	snap, rep, err := authz.Compile(b, nil)
+	if err != nil {
+		t.Fatalf("compile: %v (%v)", err, rep.Errors)
+	}
+	d := snap.Decide(&toolgate.Call{AgentID: "analyst", Principal: "user:a", Tool: "sql_query", Resources: res})
+	return d.Verdict == toolgate.Allow
 }

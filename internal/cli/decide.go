@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/authz"
+	"github.com/toolgate/toolgate/gateway"
 	"github.com/toolgate/toolgate/policy"
 )
 
@@ -54,10 +56,16 @@ func compileReporting(b *policy.Bundle, dir string, opts *authz.Options, stderr 
 // compileOptions is replaced by the gateway to know its upstreams' names.
 var compileOptions = func(b *policy.Bundle) *authz.Options { return nil }
 
+// runValidate is "toolgate validate": everything toolgate serve does
+// before it opens its store, listens and starts upstreams
+// (gateway.Prepare with CheckOnly), so that a bundle it passes is one
+// serve starts with. It writes nothing; --connect also reaches every
+// PostgreSQL database.
 func runValidate(ctx context.Context, args []string, io IO) int {
 	fs := newFlags("validate", io)
 	bundle := bundleFlag(fs)
 	out := outputFlag(fs)
+	connect := fs.Bool("connect", false, "also connect to every PostgreSQL database, as serve does (default: the DSN is only parsed)")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
@@ -68,16 +76,19 @@ func runValidate(ctx context.Context, args []string, io IO) int {
 		fmt.Fprintln(io.Stderr, "toolgate: --bundle DIR is required (or set TOOLGATE_BUNDLE)")
 		return ExitUsage
 	}
-	b, err := policy.LoadDir(*bundle)
-	if err != nil {
+	var b *policy.Bundle
+	var rep *policy.Report
+	p, err := gateway.Prepare(ctx, gateway.Config{BundleDir: *bundle}, &gateway.PrepareOptions{CheckOnly: true, Connect: *connect})
+	var inv *gateway.InvalidError
+	switch {
+	case err == nil:
+		b, rep = p.Bundle, p.Report
+		p.Close()
+	case errors.As(err, &inv):
+		b, rep = inv.Bundle, inv.Report
+	default:
 		return fail(io.Stderr, "%v", err)
 	}
-	opts := compileOptions(b)
-	var vo *policy.ValidateOptions
-	if opts != nil {
-		vo = opts.ValidateOptions
-	}
-	rep := b.Validate(vo)
 	if *out == "json" {
 		writeJSON(io.Stdout, struct {
 			OK bool `json:"ok"`
