@@ -40,8 +40,12 @@ const (
 // Config describes one upstream MCP server. It is plain data; New validates
 // it. Fields that do not apply to the chosen transport must be empty.
 type Config struct {
-	// Name identifies the upstream in the Manager, in logs and in errors:
-	// 1 to 64 characters from [A-Za-z0-9_.-], unique within a Manager.
+	// Name identifies the upstream in the Manager, in logs and in errors,
+	// and is the provider part of its tools' ids (tool:<name>-<tool>): 1 to
+	// 64 characters from [a-z0-9], unique within a Manager. No separator
+	// is allowed, so that the id names one (upstream, tool) pair only:
+	// upstream "a-b" with tool "c" and upstream "a" with tool "b_c" would
+	// both be tool:a-b-c.
 	Name string
 	// Transport is TransportStdio or TransportStreamableHTTP.
 	Transport string
@@ -93,7 +97,7 @@ func (c *Config) connectTimeout() time.Duration {
 }
 
 var (
-	nameRE    = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	nameRE    = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	// headerNameRE is an RFC 9110 token.
 	headerNameRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -108,7 +112,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("upstream %q: %s: %s", c.Name, field, fmt.Sprintf(format, args...)))
 	}
 	if !nameRE.MatchString(c.Name) {
-		bad("name", "must be 1 to 64 characters from [A-Za-z0-9_.-]")
+		bad("name", "must be 1 to 64 characters from [a-z0-9] (it is the provider part of its tools' ids, tool:<name>-<tool>, so no separator)")
 	}
 	if c.CallTimeout < 0 {
 		bad("call_timeout", "must not be negative")
