@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"regexp"
@@ -71,7 +72,11 @@ type Config struct {
 	// e.g. "http://127.0.0.1:3001/mcp". Required for streamable-http.
 	URL string
 	// Headers are set on every HTTP request to the upstream (streamable-http
-	// only), e.g. {"Authorization": {FromEnv: "UPSTREAM_TOKEN"}}.
+	// only), e.g. {"Authorization": {FromEnv: "UPSTREAM_TOKEN"}}. The
+	// headers the transport itself sets (reservedHeaders: Mcp-Session-Id,
+	// Mcp-Protocol-Version, Content-Type, Accept, Last-Event-ID and the
+	// hop-by-hop ones) are refused: a fixed value would replace the
+	// session's own on every request.
 	Headers map[string]Secret
 
 	// CallTimeout bounds one tools/call; 0 means DefaultCallTimeout.
@@ -94,6 +99,15 @@ func (c *Config) connectTimeout() time.Duration {
 		return c.ConnectTimeout
 	}
 	return DefaultConnectTimeout
+}
+
+// reservedHeaders are the headers (canonical form) the Streamable HTTP
+// transport sets itself, or that HTTP itself owns.
+var reservedHeaders = map[string]bool{
+	"Mcp-Session-Id": true, "Mcp-Protocol-Version": true, "Content-Type": true, "Accept": true,
+	"Last-Event-Id": true, "Content-Length": true, "Transfer-Encoding": true, "Host": true,
+	"Connection": true, "Upgrade": true, "Te": true, "Trailer": true, "Keep-Alive": true,
+	"Proxy-Connection": true,
 }
 
 var (
@@ -151,6 +165,8 @@ func (c *Config) Validate() error {
 		for _, k := range sortedKeys(c.Headers) {
 			if !headerNameRE.MatchString(k) {
 				bad("headers."+k, "not a valid HTTP header name")
+			} else if reservedHeaders[http.CanonicalHeaderKey(k)] {
+				bad("headers."+k, "set by the MCP transport itself; it cannot be configured")
 			}
 			if err := c.Headers[k].validate(); err != nil {
 				bad("headers."+k, "%v", err)

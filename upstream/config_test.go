@@ -79,6 +79,14 @@ func TestConfigValidate(t *testing.T) {
 			want: []string{"url: must be an absolute http or https URL", "headers.Bad Header: not a valid HTTP header name"},
 		},
 		{
+			name: "headers the transport sets itself, in any case",
+			cfg: upstream.Config{Name: "x", Transport: "streamable-http", URL: "http://h/mcp",
+				Headers: map[string]upstream.Secret{"Authorization": {Value: "Bearer x"}, "mcp-session-id": {Value: "fixed"},
+					"Mcp-Protocol-Version": {Value: "2024-11-05"}, "content-type": {Value: "text/plain"}, "Last-Event-ID": {Value: "1"}, "Host": {Value: "evil"}}},
+			want: []string{"headers.Host: set by the MCP transport", "headers.Last-Event-ID: set by", "headers.Mcp-Protocol-Version: set by",
+				"headers.content-type: set by", "headers.mcp-session-id: set by"},
+		},
+		{
 			name: "http with command",
 			cfg:  upstream.Config{Name: "x", Transport: "streamable-http", URL: "http://h/mcp", Command: "node"},
 			want: []string{"command, args, env and dir are not allowed"},
