@@ -218,9 +218,12 @@ func (g *guard) tooLarge(id jsonrpc.ID, method string, size, limit int) []byte {
 	if what == "" {
 		what = "a request"
 	}
-	text := fmt.Sprintf("toolgate refused upstream %s's answer to %s: it is %d bytes, more than the %d bytes the gateway reads "+
-		"(16 × Settings.result_max_kib for a result). Ask the tool for less (a smaller page, range or query), or raise result_max_kib.",
-		g.name, what, size, limit)
+	hint := "Ask the tool for less (a smaller page, range or query); the limit follows Settings.result_max_kib."
+	if listMethods[method] {
+		hint = "The upstream must page its list in smaller pages."
+	}
+	text := fmt.Sprintf("toolgate refused upstream %s's answer to %s: it is %d bytes, more than the %d bytes the gateway reads. %s",
+		g.name, what, size, limit, hint)
 	return g.replacement(id, method, RefusedTooLarge, text, limit)
 }
 

@@ -48,10 +48,10 @@ func (t *stdioTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	}
 	r := &stdioReader{f: frame{g: t.g}, src: bufio.NewReaderSize(stdout, stdioReadBuffer)}
 	w := &stdioWriter{cmd: t.cmd, stdin: stdin, g: t.g}
-	// The SDK's own bound on a line is only a backstop: the reader passes
-	// nothing larger than the guard's limits.
-	limit := 2*max(t.g.maxMessage, t.g.resultLimit()) + 1<<10
-	return (&mcp.IOTransport{Reader: r, Writer: w, MaxLineLength: limit}).Connect(ctx)
+	// No bound of the SDK's own: the reader passes nothing larger than the
+	// guard's limits, which may grow after the session started
+	// (SetMaxResultBytes), and a fixed bound here would end the session.
+	return (&mcp.IOTransport{Reader: r, Writer: w, MaxLineLength: -1}).Connect(ctx)
 }
 
 // stdioReader passes on the server's output line by line, each line checked
