@@ -182,7 +182,16 @@ func TestResultLimit(t *testing.T) {
 			t.Errorf("direct answer (%d bytes, %v): %.300s", len(body), err, body)
 		}
 	})
-	want := map[string]int{"stdio too_large": 3, "http too_large": 4}
+	t.Run("limit changed on a live session", func(t *testing.T) {
+		m.SetMaxResultBytes(512 << 10)
+		defer m.SetMaxResultBytes(limit)
+		for _, up := range []string{"stdio", "http"} {
+			if res := call(t, m, up, "big", map[string]any{"mib": 1}); !res.IsError || !strings.Contains(text(t, res), "more than the 524288 bytes") {
+				t.Errorf("%s: 1 MiB under a 512 KiB limit: isError %v %.200q", up, res.IsError, text(t, res))
+			}
+		}
+	})
+	want := map[string]int{"stdio too_large": 4, "http too_large": 5}
 	if diff := cmp.Diff(want, ref.get()); diff != "" {
 		t.Errorf("refusals (-want +got):\n%s", diff)
 	}
