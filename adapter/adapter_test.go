@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/adapter"
+	"github.com/toolgate/toolgate/upstream"
 )
 
 var errDown = errors.New("upstream is down")
@@ -228,5 +229,32 @@ func TestCapResult(t *testing.T) {
 				tc.check(t, got)
 			}
 		})
+	}
+}
+
+// TestReadLimit: the gateway reads an upstream answer up to ReadFactor
+// times the result cap, and the upstream package's default is the limit
+// for the default cap.
+func TestReadLimit(t *testing.T) {
+	tests := []struct {
+		name     string
+		maxBytes int
+		want     int
+	}{
+		{"unset: the default cap of 64 KiB", 0, 1 << 20},
+		{"negative: the default cap", -5, 1 << 20},
+		{"the default cap", 64 << 10, 1 << 20},
+		{"1 KiB", 1 << 10, 16 << 10},
+		{"4 MiB", 4 << 20, 64 << 20},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := adapter.ReadLimit(tc.maxBytes); got != tc.want {
+				t.Errorf("ReadLimit(%d) = %d, want %d", tc.maxBytes, got, tc.want)
+			}
+		})
+	}
+	if got := adapter.ReadLimit(0); got != upstream.DefaultMaxResultBytes {
+		t.Errorf("ReadLimit(0) = %d, upstream.DefaultMaxResultBytes = %d: they must agree", got, upstream.DefaultMaxResultBytes)
 	}
 }

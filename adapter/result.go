@@ -13,6 +13,25 @@ import (
 // markerReserve is the room kept for the closing marker of a cut result.
 const markerReserve = 160
 
+// ReadFactor is how many times the result cap an upstream's answer may be,
+// as sent, for the gateway to read it (and then cut it to the cap with
+// CapResult): room for the JSON encoding (escapes), structuredContent (up
+// to twice the cap) and _meta. A larger answer is not read at all: it is
+// refused while it arrives (upstream.Options.MaxResultBytes) and the call
+// gets an isError result saying it was too large.
+const ReadFactor = 16
+
+// ReadLimit is the most the gateway reads of one upstream answer, in bytes,
+// for a result cap of maxBytes (Settings.result_max_kib × 1024; 0 or less
+// means builtin.DefaultResultMaxKiB): ReadFactor × the cap, 1 MiB for the
+// default cap of 64 KiB.
+func ReadLimit(maxBytes int) int {
+	if maxBytes <= 0 {
+		maxBytes = builtin.DefaultResultMaxKiB * 1024
+	}
+	return ReadFactor * maxBytes
+}
+
 // CapResult bounds a tool result to maxBytes (Settings.result_max_kib × 1024)
 // and says whether it cut anything. It never modifies res: a cut result is
 // a copy.

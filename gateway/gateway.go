@@ -24,6 +24,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/adapter"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/builtin/registry"
@@ -86,6 +87,10 @@ type Gateway struct {
 	// since the gateway started (onToolsChanged).
 	claimed map[string]toolgate.SideEffectClass
 	gen     int
+	// bundleGen counts accepted bundles: 1 at start, one more per accepted
+	// reload (toolgate_bundle_generation); gen also counts recompilations
+	// after upstream tool changes.
+	bundleGen uint64
 }
 
 // Run serves until ctx ends, then shuts down gracefully. reload receives a
@@ -159,6 +164,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	executor := &gate.Executor{Builtins: bt, BaseDir: cfg.BundleDir}
 	gw.Gate = gate.New(snap, &gate.Options{Recorder: gw.Rec, Approvals: store, Logger: log, Executor: executor})
 	gw.Gate.RecordEvent(bundleEvent(toolgate.EventBundleLoaded, cfg.BundleDir, "the bundle was loaded", nil))
+	gw.bundleGen = 1
+	gw.Metrics.BundleLoaded(gw.bundleGen)
 
 	ups, err := gw.newUpstreams(prep.Upstreams)
 	if err != nil {
@@ -166,7 +173,9 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	}
 	gw.Ups = ups
 	if ups != nil {
-		executor.Upstreams = ups
+		// The MCP proxy observes the calls it forwards; this observes the
+		// others (the JSON API's /v1/tools/call).
+		executor.Upstreams = observedUpstreams{ups, gw.Metrics}
 	}
 	gw.Proxy = mcpproxy.New(gw.Gate, ups, prep.Identities, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics})
 	gw.Proxy.SetBuiltins(snap, bt)
@@ -296,7 +305,16 @@ func (gw *Gateway) newUpstreams(cfgs []upstream.Config) (*upstream.Manager, erro
 	if len(cfgs) == 0 {
 		return nil, nil
 	}
-	o := &upstream.Options{Logger: gw.log, OnChange: gw.onToolsChanged}
+	b := gw.bundle
+	m := gw.Metrics
+	o := &upstream.Options{Logger: gw.log, OnChange: gw.onToolsChanged,
+		MaxResultBytes: adapter.ReadLimit(resultCap(b)),
+		OnState:        func(name string, s upstream.State) { m.SetUpstreamUp(name, s == upstream.StateUp) },
+		OnRestart:      m.UpstreamRestart,
+		OnRefused:      m.UpstreamRefused}
+	for _, u := range b.Upstreams {
+		m.DeclareUpstream(u.Name)
+	}
 	// Route what upstreams send to clients (sampling, elicitation, roots,
 	// progress, logging, resource and prompt changes) through the proxy.
 	mcpproxy.RelayUpstream(o, func() *mcpproxy.Proxy { return gw.Proxy })
@@ -451,14 +469,50 @@ func (gw *Gateway) Reload() error {
 	if err != nil {
 		gw.log.Error("bundle rejected; the last good bundle stays", "err", err)
 		gw.Gate.RecordEvent(bundleEvent(toolgate.EventBundleRejected, gw.cfg.BundleDir, "the bundle was refused: "+err.Error(), nil))
+		gw.Metrics.BundleRejected()
 		return err
 	}
 	gw.bundle = b
 	gw.Proxy.SetIdentities(ids)
 	gw.Proxy.SetBuiltins(gw.Gate.Snapshot(), gw.Builtins)
+	if gw.Ups != nil {
+		gw.Ups.SetMaxResultBytes(adapter.ReadLimit(resultCap(b)))
+	}
 	gw.Gate.RecordEvent(bundleEvent(toolgate.EventBundleLoaded, gw.cfg.BundleDir, "the bundle was reloaded", nil))
+	gw.bundleGen++
+	gw.Metrics.BundleLoaded(gw.bundleGen)
 	gw.log.Info("bundle reloaded", "generation", gw.gen)
 	return nil
+}
+
+// resultCap is the bundle's result cap in bytes (Settings.result_max_kib;
+// 0 when unset, which adapter.ReadLimit reads as the default).
+func resultCap(b *policy.Bundle) int {
+	if len(b.Settings) == 0 {
+		return 0
+	}
+	return b.Settings[0].ResultMaxKiB * 1024
+}
+
+// observedUpstreams is the executor's way to the upstreams, timing each call
+// for toolgate_upstream_call_duration_seconds.
+type observedUpstreams struct {
+	ups *upstream.Manager
+	m   *metrics.Metrics
+}
+
+func (o observedUpstreams) CallTool(ctx context.Context, name string, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+	start := time.Now()
+	res, err := o.ups.CallTool(ctx, name, params)
+	outcome := metrics.OutcomeOK
+	switch {
+	case err != nil:
+		outcome = metrics.OutcomeError
+	case res.IsError:
+		outcome = metrics.OutcomeToolError
+	}
+	o.m.UpstreamCall(name, outcome, time.Since(start))
+	return res, err
 }
 
 // Generation counts successful compilations.

@@ -1,7 +1,7 @@
 // Package metrics exposes what the gateway is doing as Prometheus metrics:
 // decisions by verdict, code, layer and enforcement point, how long they
-// take, upstream calls and health, audit events written, and policy bundle
-// reloads. Operators alert on these (a rise in internal_error denials, an
+// take, upstream calls, health, restarts and refused messages, audit events
+// written, and policy bundle reloads. Operators alert on these (a rise in internal_error denials, an
 // upstream down, a bundle rejected) without reading the audit log.
 //
 // A Metrics owns its own prometheus.Registry; nothing is registered on the
@@ -30,9 +30,17 @@ const (
 	DecisionDuration     = "toolgate_decision_duration_seconds"
 	UpstreamCallDuration = "toolgate_upstream_call_duration_seconds"
 	UpstreamUp           = "toolgate_upstream_up"
-	AuditEventsTotal     = "toolgate_audit_events_total"
-	BundleGeneration     = "toolgate_bundle_generation"
-	BundleReloadsTotal   = "toolgate_bundle_reloads_total"
+	// UpstreamRestartsTotal counts connection attempts to an upstream
+	// after its first one (a restart after a crash, a lost session or a
+	// failed attempt).
+	UpstreamRestartsTotal = "toolgate_upstream_restarts_total"
+	// UpstreamMessagesRefusedTotal counts messages from an upstream that
+	// the gateway refused, by reason (too_large, malformed); the session
+	// stays up.
+	UpstreamMessagesRefusedTotal = "toolgate_upstream_messages_refused_total"
+	AuditEventsTotal             = "toolgate_audit_events_total"
+	BundleGeneration             = "toolgate_bundle_generation"
+	BundleReloadsTotal           = "toolgate_bundle_reloads_total"
 	// ToolsCallPathTotal counts MCP tools/call requests by the path that
 	// served them: fast (the gateway's own JSON-RPC handling) or sdk.
 	ToolsCallPathTotal = "toolgate_mcp_tools_call_path_total"
@@ -82,6 +90,8 @@ type Metrics struct {
 	decisionDuration *prometheus.HistogramVec
 	upstreamDuration *prometheus.HistogramVec
 	upstreamUp       *prometheus.GaugeVec
+	upstreamRestarts *prometheus.CounterVec
+	upstreamRefused  *prometheus.CounterVec
 	auditEvents      *prometheus.CounterVec
 	bundleGeneration prometheus.Gauge
 	bundleReloads    *prometheus.CounterVec
@@ -115,6 +125,14 @@ func New(opts *Options) *Metrics {
 			Name: UpstreamUp,
 			Help: "1 when the upstream tool server is connected, 0 when it is not.",
 		}, []string{"upstream"}),
+		upstreamRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: UpstreamRestartsTotal,
+			Help: "Connection attempts to the upstream tool server after its first one (restarts after a crash, a lost session or a failed attempt).",
+		}, []string{"upstream"}),
+		upstreamRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: UpstreamMessagesRefusedTotal,
+			Help: "Messages from the upstream tool server refused by the gateway, by reason (too_large: over its size limit; malformed: not one JSON-RPC message); the session stays up.",
+		}, []string{"upstream", "reason"}),
 		auditEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: AuditEventsTotal,
 			Help: "Audit events committed to the audit log, by event type.",
@@ -133,7 +151,7 @@ func New(opts *Options) *Metrics {
 		}, []string{"path"}),
 	}
 	m.reg.MustRegister(m.decisions, m.decisionDuration, m.upstreamDuration, m.upstreamUp,
-		m.auditEvents, m.bundleGeneration, m.bundleReloads, m.callPath)
+		m.upstreamRestarts, m.upstreamRefused, m.auditEvents, m.bundleGeneration, m.bundleReloads, m.callPath)
 	// Both results exist from the start, so a rate() over rejections is 0,
 	// not absent, until the first one.
 	m.bundleReloads.WithLabelValues(reloadResultLoaded)
@@ -191,6 +209,9 @@ func (m *Metrics) UpstreamCall(upstream, outcome string, took time.Duration) {
 
 // ToolsCallPath counts one MCP tools/call served by path ("fast" or "sdk").
 func (m *Metrics) ToolsCallPath(path string) {
+	if m == nil {
+		return
+	}
 	m.callPath.WithLabelValues(path).Inc()
 }
 
@@ -206,14 +227,37 @@ func (m *Metrics) SetUpstreamUp(upstream string, up bool) {
 	m.upstreamUp.WithLabelValues(upstream).Set(v)
 }
 
-// RemoveUpstream drops upstream's series (after it is removed from the
-// configuration), so a removed upstream does not stay reported as down.
-func (m *Metrics) RemoveUpstream(upstream string) {
+// DeclareUpstream starts upstream's series before it first connects: up
+// 0, no restarts, no refused messages, so that alerts on them see 0 rather
+// than nothing. Upstreams are fixed for the gateway's life (they are read
+// at start), so no series is ever removed.
+func (m *Metrics) DeclareUpstream(upstream string) {
 	if m == nil {
 		return
 	}
-	m.upstreamUp.DeleteLabelValues(upstream)
-	m.upstreamDuration.DeletePartialMatch(prometheus.Labels{"upstream": upstream})
+	m.upstreamUp.WithLabelValues(upstream).Set(0)
+	m.upstreamRestarts.WithLabelValues(upstream)
+	for _, r := range []string{"too_large", "malformed"} { // upstream.RefusedTooLarge, RefusedMalformed
+		m.upstreamRefused.WithLabelValues(upstream, r)
+	}
+}
+
+// UpstreamRestart counts one connection attempt to upstream after its
+// first one.
+func (m *Metrics) UpstreamRestart(upstream string) {
+	if m == nil {
+		return
+	}
+	m.upstreamRestarts.WithLabelValues(upstream).Inc()
+}
+
+// UpstreamRefused counts one message from upstream refused for reason
+// (too_large, malformed).
+func (m *Metrics) UpstreamRefused(upstream, reason string) {
+	if m == nil {
+		return
+	}
+	m.upstreamRefused.WithLabelValues(upstream, reason).Inc()
 }
 
 // CountAuditEvents counts committed audit events by event type.

@@ -119,15 +119,27 @@ func TestMetrics(t *testing.T) {
 			},
 		},
 		{
-			name: "a removed upstream's series go away",
+			name: "declared upstreams start at zero; restarts and refusals count",
 			observe: func(m *metrics.Metrics) {
-				m.UpstreamCall("github", metrics.OutcomeOK, time.Millisecond)
+				m.DeclareUpstream("files")
+				m.DeclareUpstream("github")
 				m.SetUpstreamUp("github", true)
-				m.SetUpstreamUp("files", false)
-				m.RemoveUpstream("github")
+				m.UpstreamRestart("github")
+				m.UpstreamRestart("github")
+				m.UpstreamRefused("github", "too_large")
+				m.UpstreamRefused("files", "malformed")
 			},
 			prefix: "toolgate_upstream_",
-			want:   []string{`toolgate_upstream_up{upstream="files"} 0`},
+			want: []string{
+				`toolgate_upstream_messages_refused_total{reason="malformed",upstream="files"} 1`,
+				`toolgate_upstream_messages_refused_total{reason="malformed",upstream="github"} 0`,
+				`toolgate_upstream_messages_refused_total{reason="too_large",upstream="files"} 0`,
+				`toolgate_upstream_messages_refused_total{reason="too_large",upstream="github"} 1`,
+				`toolgate_upstream_restarts_total{upstream="files"} 0`,
+				`toolgate_upstream_restarts_total{upstream="github"} 2`,
+				`toolgate_upstream_up{upstream="files"} 0`,
+				`toolgate_upstream_up{upstream="github"} 1`,
+			},
 		},
 		{
 			name: "audit events through the sink",
@@ -224,7 +236,10 @@ func TestNil(t *testing.T) {
 	m.Decision("http", toolgate.Decision{}, time.Millisecond)
 	m.UpstreamCall("x", metrics.OutcomeOK, time.Millisecond)
 	m.SetUpstreamUp("x", true)
-	m.RemoveUpstream("x")
+	m.DeclareUpstream("x")
+	m.UpstreamRestart("x")
+	m.UpstreamRefused("x", "malformed")
+	m.ToolsCallPath("fast")
 	m.CountAuditEvents([]audit.Event{{EventType: "x"}})
 	if err := m.AuditSink().Write(context.Background(), []audit.Event{{EventType: "x"}}); err != nil {
 		t.Errorf("nil sink Write = %v", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"regexp"
@@ -40,8 +41,12 @@ const (
 // Config describes one upstream MCP server. It is plain data; New validates
 // it. Fields that do not apply to the chosen transport must be empty.
 type Config struct {
-	// Name identifies the upstream in the Manager, in logs and in errors:
-	// 1 to 64 characters from [A-Za-z0-9_.-], unique within a Manager.
+	// Name identifies the upstream in the Manager, in logs and in errors,
+	// and is the provider part of its tools' ids (tool:<name>-<tool>): 1 to
+	// 64 characters from [a-z0-9], unique within a Manager. No separator
+	// is allowed, so that the id names one (upstream, tool) pair only:
+	// upstream "a-b" with tool "c" and upstream "a" with tool "b_c" would
+	// both be tool:a-b-c.
 	Name string
 	// Transport is TransportStdio or TransportStreamableHTTP.
 	Transport string
@@ -67,7 +72,11 @@ type Config struct {
 	// e.g. "http://127.0.0.1:3001/mcp". Required for streamable-http.
 	URL string
 	// Headers are set on every HTTP request to the upstream (streamable-http
-	// only), e.g. {"Authorization": {FromEnv: "UPSTREAM_TOKEN"}}.
+	// only), e.g. {"Authorization": {FromEnv: "UPSTREAM_TOKEN"}}. The
+	// headers the transport itself sets (reservedHeaders: Mcp-Session-Id,
+	// Mcp-Protocol-Version, Content-Type, Accept, Last-Event-ID and the
+	// hop-by-hop ones) are refused: a fixed value would replace the
+	// session's own on every request.
 	Headers map[string]Secret
 
 	// CallTimeout bounds one tools/call; 0 means DefaultCallTimeout.
@@ -92,8 +101,17 @@ func (c *Config) connectTimeout() time.Duration {
 	return DefaultConnectTimeout
 }
 
+// reservedHeaders are the headers (canonical form) the Streamable HTTP
+// transport sets itself, or that HTTP itself owns.
+var reservedHeaders = map[string]bool{
+	"Mcp-Session-Id": true, "Mcp-Protocol-Version": true, "Content-Type": true, "Accept": true,
+	"Last-Event-Id": true, "Content-Length": true, "Transfer-Encoding": true, "Host": true,
+	"Connection": true, "Upgrade": true, "Te": true, "Trailer": true, "Keep-Alive": true,
+	"Proxy-Connection": true,
+}
+
 var (
-	nameRE    = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
+	nameRE    = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
 	envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 	// headerNameRE is an RFC 9110 token.
 	headerNameRE = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -108,7 +126,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("upstream %q: %s: %s", c.Name, field, fmt.Sprintf(format, args...)))
 	}
 	if !nameRE.MatchString(c.Name) {
-		bad("name", "must be 1 to 64 characters from [A-Za-z0-9_.-]")
+		bad("name", "must be 1 to 64 characters from [a-z0-9] (it is the provider part of its tools' ids, tool:<name>-<tool>, so no separator)")
 	}
 	if c.CallTimeout < 0 {
 		bad("call_timeout", "must not be negative")
@@ -147,6 +165,8 @@ func (c *Config) Validate() error {
 		for _, k := range sortedKeys(c.Headers) {
 			if !headerNameRE.MatchString(k) {
 				bad("headers."+k, "not a valid HTTP header name")
+			} else if reservedHeaders[http.CanonicalHeaderKey(k)] {
+				bad("headers."+k, "set by the MCP transport itself; it cannot be configured")
 			}
 			if err := c.Headers[k].validate(); err != nil {
 				bad("headers."+k, "%v", err)

@@ -28,8 +28,33 @@ func TestConfigValidate(t *testing.T) {
 		},
 		{
 			name: "http ok",
-			cfg: upstream.Config{Name: "go.ev-1", Transport: "streamable-http", URL: "http://127.0.0.1:1/mcp",
+			cfg: upstream.Config{Name: "goev1", Transport: "streamable-http", URL: "http://127.0.0.1:1/mcp",
 				Headers: map[string]upstream.Secret{"Authorization": {Value: "Bearer x"}}},
+		},
+		{
+			name: "name with a dash: tool:a-b-c would be upstream a-b's c and upstream a's b_c",
+			cfg:  upstream.Config{Name: "a-b", Transport: "stdio", Command: "c"},
+			want: []string{`upstream "a-b": name: must be 1 to 64 characters from [a-z0-9]`},
+		},
+		{
+			name: "name with an underscore",
+			cfg:  upstream.Config{Name: "a_b", Transport: "stdio", Command: "c"},
+			want: []string{`upstream "a_b": name:`},
+		},
+		{
+			name: "name with a dot",
+			cfg:  upstream.Config{Name: "go.ev", Transport: "stdio", Command: "c"},
+			want: []string{`upstream "go.ev": name:`},
+		},
+		{
+			name: "upper-case name (ids are lower case)",
+			cfg:  upstream.Config{Name: "Ev", Transport: "stdio", Command: "c"},
+			want: []string{`upstream "Ev": name:`},
+		},
+		{
+			name: "name too long",
+			cfg:  upstream.Config{Name: strings.Repeat("a", 65), Transport: "stdio", Command: "c"},
+			want: []string{`name: must be 1 to 64`},
 		},
 		{
 			name: "bad name and transport",
@@ -52,6 +77,14 @@ func TestConfigValidate(t *testing.T) {
 			cfg: upstream.Config{Name: "x", Transport: "streamable-http", URL: "ftp://h/",
 				Headers: map[string]upstream.Secret{"Bad Header": {Value: "v"}}},
 			want: []string{"url: must be an absolute http or https URL", "headers.Bad Header: not a valid HTTP header name"},
+		},
+		{
+			name: "headers the transport sets itself, in any case",
+			cfg: upstream.Config{Name: "x", Transport: "streamable-http", URL: "http://h/mcp",
+				Headers: map[string]upstream.Secret{"Authorization": {Value: "Bearer x"}, "mcp-session-id": {Value: "fixed"},
+					"Mcp-Protocol-Version": {Value: "2024-11-05"}, "content-type": {Value: "text/plain"}, "Last-Event-ID": {Value: "1"}, "Host": {Value: "evil"}}},
+			want: []string{"headers.Host: set by the MCP transport", "headers.Last-Event-ID: set by", "headers.Mcp-Protocol-Version: set by",
+				"headers.content-type: set by", "headers.mcp-session-id: set by"},
 		},
 		{
 			name: "http with command",

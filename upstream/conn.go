@@ -96,7 +96,7 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 		// Own process group, so that Close can kill the server and anything
 		// it started.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		t = &mcp.CommandTransport{Command: cmd, TerminateDuration: stopGrace}
+		t = &stdioTransport{cmd: cmd, g: newGuard(u)}
 	case TransportStreamableHTTP:
 		headers := make(http.Header, len(u.cfg.Headers))
 		for _, k := range sortedKeys(u.cfg.Headers) {
@@ -107,7 +107,7 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 			headers.Set(k, v)
 		}
 		base := http.DefaultTransport.(*http.Transport).Clone()
-		hc = &http.Client{Transport: &headerTransport{base: base, headers: headers}}
+		hc = &http.Client{Transport: &guardTransport{base: &headerTransport{base: base, headers: headers}, g: newGuard(u)}}
 		t = &mcp.StreamableClientTransport{Endpoint: u.cfg.URL, HTTPClient: hc}
 	default:
 		return nil, fmt.Errorf("transport %q not supported", u.cfg.Transport)

@@ -28,6 +28,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -178,6 +179,36 @@ type Options struct {
 	// Rand returns a number in [0, 1) for the jitter; nil means
 	// math/rand/v2.Float64.
 	Rand func() float64
+
+	// MaxResultBytes bounds, in bytes, one answer to tools/call,
+	// resources/read, prompts/get or any other request whose answer is not
+	// a list; 0 means DefaultMaxResultBytes. Nothing larger is buffered or
+	// decoded: the answer is refused (OnRefused) and the request gets, in
+	// its place, an isError result (tools/call, with RefusedMetaKey in
+	// _meta) or a JSON-RPC error saying it was too large. The gateway sets
+	// it to a small multiple of Settings.result_max_kib
+	// (adapter.ReadLimit); SetMaxResultBytes changes it.
+	MaxResultBytes int
+	// MaxMessageBytes bounds, in bytes, every other message from an
+	// upstream: answers to initialize and the list methods, and the
+	// upstream's own requests and notifications; 0 means
+	// DefaultMaxMessageBytes. A larger answer is refused as above; a larger
+	// request or notification is dropped.
+	MaxMessageBytes int
+	// OnRefused is called with the upstream's name and the reason
+	// (RefusedTooLarge, RefusedMalformed) for every message from an
+	// upstream that was refused. The session stays up: one bad message
+	// never takes an upstream down. It must not block.
+	OnRefused func(name, reason string)
+	// OnState is called with the upstream's name and its new state after
+	// every change of state (starting → up, up → down, down → up, → closed).
+	// Calls for one upstream are sequential. It must not block or call the
+	// Manager.
+	OnState func(name string, s State)
+	// OnRestart is called with the upstream's name each time a connection
+	// attempt after the first one begins (Status.Restarts goes up). It must
+	// not block.
+	OnRestart func(name string)
 }
 
 // Manager keeps sessions to a fixed set of upstreams. Create it with New,
@@ -192,6 +223,9 @@ type Manager struct {
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+
+	// maxResult is Options.MaxResultBytes, changed by SetMaxResultBytes.
+	maxResult atomic.Int64
 
 	mu      sync.Mutex
 	started bool
@@ -230,8 +264,15 @@ func New(cfgs []Config, opts *Options) (*Manager, error) {
 	if o.Rand == nil {
 		o.Rand = rand.Float64
 	}
+	if o.MaxResultBytes <= 0 {
+		o.MaxResultBytes = DefaultMaxResultBytes
+	}
+	if o.MaxMessageBytes <= 0 {
+		o.MaxMessageBytes = DefaultMaxMessageBytes
+	}
 
 	m := &Manager{opts: o, log: o.Logger, byKey: make(map[string]*upstream, len(cfgs))}
+	m.maxResult.Store(int64(o.MaxResultBytes))
 	var errs []error
 	for i := range cfgs {
 		cfg := cfgs[i]
@@ -266,6 +307,16 @@ func sleepTimer(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// SetMaxResultBytes changes Options.MaxResultBytes for every session,
+// including those already up (0 or less: DefaultMaxResultBytes). Answers
+// being read when it changes may be bounded by either value.
+func (m *Manager) SetMaxResultBytes(n int) {
+	if n <= 0 {
+		n = DefaultMaxResultBytes
+	}
+	m.maxResult.Store(int64(n))
 }
 
 // Names returns the configured upstream names, in configuration order.
@@ -607,11 +658,12 @@ func (u *upstream) newClient() *mcp.Client {
 
 func (u *upstream) setState(s State, err error) {
 	u.mu.Lock()
-	defer u.mu.Unlock()
 	if u.state == StateClosed {
+		u.mu.Unlock()
 		return
 	}
-	if s != u.state {
+	changed := s != u.state
+	if changed {
 		u.since = u.m.opts.Now()
 	}
 	u.state = s
@@ -620,6 +672,10 @@ func (u *upstream) setState(s State, err error) {
 	}
 	if s != StateUp {
 		u.live = nil
+	}
+	u.mu.Unlock()
+	if f := u.m.opts.OnState; changed && f != nil {
+		f(u.cfg.Name, s)
 	}
 }
 
@@ -654,6 +710,9 @@ func (u *upstream) supervise(first chan<- error) {
 			u.mu.Lock()
 			u.restarts++
 			u.mu.Unlock()
+			if f := u.m.opts.OnRestart; f != nil {
+				f(u.cfg.Name)
+			}
 		}
 		c, err := u.connect(ctx)
 		if first != nil {
