@@ -322,6 +322,9 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 	if cr.Err != nil {
 		res = adapter.TextResult(failureText(req.Tool, cr.Err), nil, true)
 	}
+	if res != nil && cr.Err == nil {
+		res.Meta = stripOwnMeta(res.Meta)
+	}
 	res, cut := adapter.CapResult(res, maxBytes)
 	cr.Tool, cr.Truncated = res, truncated || cut
 	if res != nil {
@@ -375,6 +378,9 @@ func passThrough(raw json.RawMessage, maxBytes int) (isError, ok bool) {
 	if err := json.Unmarshal(raw, &probe); err != nil || probe.Content == nil {
 		return false, false
 	}
+	if hasOwnMeta(probe.Meta) {
+		return false, false // decoded and stripped (stripOwnMeta)
+	}
 	for _, c := range probe.Content {
 		var good bool
 		switch c.Type {
@@ -392,6 +398,36 @@ func passThrough(raw json.RawMessage, maxBytes int) (isError, ok bool) {
 		}
 	}
 	return probe.IsError != nil && *probe.IsError, true
+}
+
+// hasOwnMeta reports whether an upstream's _meta holds a key of the
+// gateway's own namespace (io.toolgate/...) other than the upstream
+// guard's refusal mark (upstream.RefusedMetaKey, set by the gateway itself).
+func hasOwnMeta(meta map[string]any) bool {
+	for k := range meta {
+		if strings.HasPrefix(k, "io.toolgate/") && k != upstream.RefusedMetaKey {
+			return true
+		}
+	}
+	return false
+}
+
+// stripOwnMeta removes from an upstream's result the keys of the gateway's
+// own namespace: an upstream cannot speak for the gateway (a forged
+// io.toolgate/decision, with a made-up approval id, would reach the client
+// as the gateway's word). docs/design.md, "The governed party never lowers
+// its own risk".
+func stripOwnMeta(meta mcp.Meta) mcp.Meta {
+	if !hasOwnMeta(meta) {
+		return meta
+	}
+	out := mcp.Meta{}
+	for k, v := range meta {
+		if !strings.HasPrefix(k, "io.toolgate/") || k == upstream.RefusedMetaKey {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // completionDetails are what the completion event adds: failed attempts,
