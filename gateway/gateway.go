@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -84,6 +85,14 @@ type Gateway struct {
 	bundle    *policy.Bundle
 	announced map[string][]authz.AnnouncedTool
 	gen       int
+	// problems are the refusals last reported per upstream (onToolsChanged
+	// records only new ones); applied the sequence number of the tool list
+	// last applied per upstream.
+	problems map[string]map[string]bool
+	applied  map[string]uint64
+
+	// changes coalesces upstreams' tool list changes (toolChanges).
+	changes toolChanges
 }
 
 // Run serves until ctx ends, then shuts down gracefully. reload receives a
@@ -99,7 +108,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	gw := &Gateway{cfg: cfg, log: log, announced: map[string][]authz.AnnouncedTool{}}
+	gw := &Gateway{cfg: cfg, log: log, announced: map[string][]authz.AnnouncedTool{},
+		problems: map[string]map[string]bool{}, applied: map[string]uint64{}}
 
 	b, err := policy.LoadDir(cfg.BundleDir)
 	if err != nil {
@@ -145,7 +155,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		sinks = append(sinks, audit.NewJSONLSink(w))
 	}
 	gw.Metrics = metrics.New(nil)
-	sinks = append(sinks, gw.Metrics.AuditSink())
+	sinks = append(sinks, unrevealingSink{gw.Metrics.AuditSink()})
 	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks})
 	bt, err := builtins.Open(ctx, b, cfg.BundleDir)
 	if err != nil {
@@ -169,7 +179,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	if err != nil {
 		return err
 	}
-	gw.Proxy = mcpproxy.New(gw.Gate, ups, ids, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics})
+	gw.Proxy = mcpproxy.New(gw.Gate, ups, ids, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics,
+		Registerer: gw.Metrics.Registry()})
 	gw.Proxy.SetBuiltins(snap, bt)
 	if ups != nil {
 		if err := ups.Start(ctx); err != nil {
@@ -232,6 +243,8 @@ func (gw *Gateway) shutdown(srv *http.Server) error {
 	if gw.Ups != nil {
 		gw.Ups.Close()
 	}
+	gw.stopToolChanges()
+	gw.Proxy.FlushRefusals() // the refusals counted but not yet written
 	if cerr := gw.Rec.Close(ctx); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("audit log: %w", cerr))
 	}
@@ -308,11 +321,98 @@ func (gw *Gateway) newUpstreams(b *policy.Bundle) (*upstream.Manager, error) {
 	return upstream.New(cfgs, o)
 }
 
-// onToolsChanged maps an upstream's new tool list into the catalog,
-// recompiles and mirrors the tools into the MCP server.
+// ToolChangeWindow is the shortest time between two applications of one
+// upstream's changed tool list (onToolsChanged). A variable for tests.
+var ToolChangeWindow = time.Second
+
+// toolChanges coalesces the tool lists upstreams announce: an upstream that
+// floods tools/list_changed with a changing list is re-listed one list at
+// a time (the upstream Manager never has two re-lists of one upstream in
+// flight), and what it announces is applied — recompiled, mirrored to the
+// clients, and recorded as mcp.tool.definition_changed — at most once per
+// ToolChangeWindow: the first change at once, the ones after it within the
+// window as one, the latest list, when the window ends. So one event
+// stands for the actual change within a window, and a list that changes
+// back within it records none.
+type toolChanges struct {
+	mu      sync.Mutex
+	byName  map[string]*pendingTools
+	stopped bool
+}
+
+type pendingTools struct {
+	seq     uint64      // lists received
+	tools   []*mcp.Tool // the latest, while waiting
+	waiting *time.Timer // set while a list waits for the window to end
+	last    time.Time   // when a list was last applied
+}
+
+// onToolsChanged receives an upstream's new tool list (from the upstream
+// Manager) and applies it now or when the window ends (toolChanges).
 func (gw *Gateway) onToolsChanged(name string, tools []*mcp.Tool) {
+	c := &gw.changes
+	c.mu.Lock()
+	if c.byName == nil {
+		c.byName = map[string]*pendingTools{}
+	}
+	pt := c.byName[name]
+	if pt == nil {
+		pt = &pendingTools{}
+		c.byName[name] = pt
+	}
+	pt.seq++
+	seq, now := pt.seq, time.Now()
+	switch {
+	case c.stopped:
+		c.mu.Unlock()
+		return
+	case pt.waiting != nil:
+		pt.tools = tools // the window's end applies the latest
+		c.mu.Unlock()
+		return
+	case pt.last.IsZero() || now.Sub(pt.last) >= ToolChangeWindow:
+		pt.last = now
+		c.mu.Unlock()
+		gw.applyTools(name, tools, seq)
+		return
+	}
+	pt.tools = tools
+	pt.waiting = time.AfterFunc(pt.last.Add(ToolChangeWindow).Sub(now), func() {
+		c.mu.Lock()
+		tools, seq := pt.tools, pt.seq
+		pt.tools, pt.waiting, pt.last = nil, nil, time.Now()
+		stopped := c.stopped
+		c.mu.Unlock()
+		if !stopped {
+			gw.applyTools(name, tools, seq)
+		}
+	})
+	c.mu.Unlock()
+}
+
+// stopToolChanges drops the tool lists still waiting (at shutdown).
+func (gw *Gateway) stopToolChanges() {
+	c := &gw.changes
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	for _, pt := range c.byName {
+		if pt.waiting != nil {
+			pt.waiting.Stop()
+		}
+	}
+}
+
+// applyTools maps an upstream's new tool list into the catalog,
+// recompiles and mirrors the tools into the MCP server. seq orders the
+// lists of one upstream; an older one than the last applied is ignored.
+func (gw *Gateway) applyTools(name string, tools []*mcp.Tool, seq uint64) {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
+	if seq <= gw.applied[name] {
+		return
+	}
+	gw.applied[name] = seq
 	var u *policy.Upstream
 	for _, x := range gw.bundle.Upstreams {
 		if x.Name == name {
@@ -323,11 +423,17 @@ func (gw *Gateway) onToolsChanged(name string, tools []*mcp.Tool) {
 		return
 	}
 	accepted, problems := mcpproxy.Announced(u, tools)
+	seen := map[string]bool{}
 	for _, p := range problems {
+		seen[p] = true
+		if gw.problems[name][p] {
+			continue // reported when it first appeared
+		}
 		gw.log.Warn("upstream tool refused", "upstream", name, "problem", p)
 		gw.Gate.RecordEvent(audit.Event{EventType: string(toolgate.EventDefinitionChanged), Reason: p,
 			Details: map[string]any{"upstream": name, "refused": true}})
 	}
+	gw.problems[name] = seen
 	prev := gw.announced[name]
 	gw.announced[name] = accepted
 	if !sameAnnounced(prev, accepted) && prev != nil {
@@ -342,6 +448,31 @@ func (gw *Gateway) onToolsChanged(name string, tools []*mcp.Tool) {
 		gw.Proxy.SetTools(u, tools, accepted)
 	}
 	gw.reportMissingLocked(name)
+}
+
+// unrevealingSink counts committed audit events for /metrics, which anyone
+// on the port can read: an attempt on a suspended tool — hidden from its
+// caller like every tool not disclosed to it — counts as
+// agent.tool.unauthorized, as an attempt on a tool that does not exist
+// does, so the per-type counter cannot tell a hidden tool from a missing
+// one. The audit log keeps the real type.
+type unrevealingSink struct{ audit.Sink }
+
+// Write implements audit.Sink.
+func (s unrevealingSink) Write(ctx context.Context, evs []audit.Event) error {
+	var cp []audit.Event
+	for i := range evs {
+		if evs[i].EventType == string(toolgate.EventSuspended) {
+			if cp == nil {
+				cp = slices.Clone(evs)
+			}
+			cp[i].EventType = string(toolgate.EventUnauthorized)
+		}
+	}
+	if cp == nil {
+		cp = evs
+	}
+	return s.Sink.Write(ctx, cp)
 }
 
 func sameAnnounced(a, b []authz.AnnouncedTool) bool {
