@@ -16,7 +16,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -155,7 +154,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		sinks = append(sinks, audit.NewJSONLSink(w))
 	}
 	gw.Metrics = metrics.New(nil)
-	sinks = append(sinks, unrevealingSink{gw.Metrics.AuditSink()})
+	sinks = append(sinks, gw.Metrics.AuditSink())
 	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks})
 	bt, err := builtins.Open(ctx, b, cfg.BundleDir)
 	if err != nil {
@@ -448,31 +447,6 @@ func (gw *Gateway) applyTools(name string, tools []*mcp.Tool, seq uint64) {
 		gw.Proxy.SetTools(u, tools, accepted)
 	}
 	gw.reportMissingLocked(name)
-}
-
-// unrevealingSink counts committed audit events for /metrics, which anyone
-// on the port can read: an attempt on a suspended tool — hidden from its
-// caller like every tool not disclosed to it — counts as
-// agent.tool.unauthorized, as an attempt on a tool that does not exist
-// does, so the per-type counter cannot tell a hidden tool from a missing
-// one. The audit log keeps the real type.
-type unrevealingSink struct{ audit.Sink }
-
-// Write implements audit.Sink.
-func (s unrevealingSink) Write(ctx context.Context, evs []audit.Event) error {
-	var cp []audit.Event
-	for i := range evs {
-		if evs[i].EventType == string(toolgate.EventSuspended) {
-			if cp == nil {
-				cp = slices.Clone(evs)
-			}
-			cp[i].EventType = string(toolgate.EventUnauthorized)
-		}
-	}
-	if cp == nil {
-		cp = evs
-	}
-	return s.Sink.Write(ctx, cp)
 }
 
 func sameAnnounced(a, b []authz.AnnouncedTool) bool {
