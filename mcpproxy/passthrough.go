@@ -409,7 +409,9 @@ func (r *relay) begin(ctx context.Context, name string, ss *mcp.ServerSession, m
 	if err != nil {
 		return nil, err
 	}
-	c := r.track(ctx, name, cs, ss, meta)
+	// The gateway's own _meta namespace never comes from a client (every
+	// request forwarded, not only tools/call).
+	c := r.track(ctx, name, cs, ss, withoutOwnMeta(meta))
 	r.mu.Lock()
 	st := r.upLocked(name)
 	stale := st.known && st.synced != cs

@@ -43,6 +43,7 @@ type goUpstream struct {
 	reads   []string
 	subs    []string
 	levels  []string
+	metas   []mcp.Meta // of reads and prompts/get
 }
 
 func (u *goUpstream) got() (methods, reads, subs, levels []string) {
@@ -103,6 +104,7 @@ func startGoUpstream(t *testing.T, name string, o upstreamOpts) *goUpstream {
 	read := func(_ context.Context, r *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		u.mu.Lock()
 		u.reads = append(u.reads, r.Params.URI)
+		u.metas = append(u.metas, r.Params.Meta)
 		u.mu.Unlock()
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: r.Params.URI, Text: name + ":" + r.Params.URI}}}, nil
 	}
@@ -113,7 +115,10 @@ func startGoUpstream(t *testing.T, name string, o upstreamOpts) *goUpstream {
 		srv.AddResource(&mcp.Resource{URI: uri, Name: name + "-" + uri}, read)
 	}
 	for _, pr := range o.prompts {
-		srv.AddPrompt(&mcp.Prompt{Name: pr}, func(context.Context, *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+		srv.AddPrompt(&mcp.Prompt{Name: pr}, func(_ context.Context, r *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+			u.mu.Lock()
+			u.metas = append(u.metas, r.Params.Meta)
+			u.mu.Unlock()
 			return &mcp.GetPromptResult{Messages: []*mcp.PromptMessage{{Role: "user", Content: &mcp.TextContent{Text: name + ":" + pr}}}}, nil
 		})
 	}
@@ -542,5 +547,35 @@ func TestTypeScriptClientLists(t *testing.T) {
 		"resourceTemplates": {"file:///{+path}"}, "prompts": {"docs_summarize"}}
 	if diff := cmp.Diff(want, got); diff != "" || errOut != "" {
 		t.Errorf("a caller that may reach docs (-want +got):\n%s%s", diff, errOut)
+	}
+}
+
+// TestOwnMetaNotForwardedOnPassThrough: the gateway's own _meta namespace
+// (io.toolgate/...) reaches no upstream on resources/read and prompts/get
+// either (class "Decide on exactly what runs": an upstream reads as the
+// gateway's only what the gateway sent); other keys do.
+func TestOwnMetaNotForwardedOnPassThrough(t *testing.T) {
+	up := startGoUpstream(t, "docs", upstreamOpts{tools: []string{"find"}, resources: []string{"file:///readme.md"}, prompts: []string{"summarize"}})
+	url := serveProxy(t, multiBundle([]*goUpstream{up}, []agentSpec{{key: "key-a", agent: "a", tools: []string{"tool:docs-find"}}}, ""))
+	a := connectClient(t, url, "key-a", declare{}).cs
+	waitTools(t, a, 1)
+	ctx := context.Background()
+	meta := mcp.Meta{"io.toolgate/decision": map[string]any{"verdict": "allow"}, "x.example/trace": "t1"}
+	waitFor(t, "the mirrored prompt", func() bool {
+		_, err := a.GetPrompt(ctx, &mcp.GetPromptParams{Name: "docs_summarize", Meta: meta})
+		return err == nil
+	})
+	if _, err := a.ReadResource(ctx, &mcp.ReadResourceParams{URI: "file:///readme.md", Meta: meta}); err != nil {
+		t.Fatal(err)
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if len(up.metas) < 2 {
+		t.Fatalf("the upstream saw %d requests, want 2", len(up.metas))
+	}
+	for _, m := range up.metas {
+		if _, ok := m["io.toolgate/decision"]; ok || m["x.example/trace"] != "t1" {
+			t.Errorf("the upstream saw _meta %v", m)
+		}
 	}
 }
