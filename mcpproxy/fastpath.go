@@ -8,7 +8,11 @@ package mcpproxy
 // bytes posted on the session the upstream Manager keeps. Everything the
 // fast path does not handle goes to the SDK as before: requests before the
 // session is in use, other methods, calls carrying _meta (progress tokens)
-// or unknown params, Settings.approval_wait, and tools of stdio upstreams.
+// or unknown params, Settings.approval_wait, and tools of stdio upstreams
+// the caller may see. Visibility is decided before the path: a name the
+// caller may not see (a hidden tool of any upstream or built-in, or none
+// at all) is answered here, alike, whatever its upstream, so the shape of
+// the answer and the path counter never tell hidden from nonexistent.
 //
 // While a call is in flight, what the upstream sends on its stream before
 // the result (log messages, and its own requests: sampling, elicitation,

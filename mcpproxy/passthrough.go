@@ -8,28 +8,33 @@ package mcpproxy
 //
 // How each part travels:
 //
-//   - Resources, resource templates and prompts are mirrored into the
-//     gateway's mcp.Server (AddResource, AddResourceTemplate, AddPrompt) with
-//     handlers that forward resources/read and prompts/get to the owning
-//     upstream. The mirror is rebuilt when an upstream's tools are (re)listed,
-//     when it sends resources/list_changed or prompts/list_changed, and when
-//     a forwarded request finds that its session was replaced (a restart).
-//     The SDK then sends list_changed to the gateway's clients. A resource
-//     URI or template belongs to the first upstream that announced it (a
-//     clash is logged and the later one skipped); prompts get the upstream's
-//     tool_prefix, like its tools. resources/read of a URI nobody listed
-//     goes to the one upstream that declares resources, if there is exactly
-//     one; otherwise it is "Resource not found".
-//   - completion/complete goes to the owner of the referenced prompt or
-//     resource (template); resources/subscribe and unsubscribe go to the
-//     owner of the URI, which is subscribed once however many clients
-//     subscribe, and unsubscribed when the last one leaves. An upstream's
+//   - Resources, resource templates and prompts are mirrored: the gateway
+//     keeps their definitions (the lists it answers itself, filtered and
+//     paged: lists.go) and registers them with its mcp.Server only so that
+//     the SDK sends list_changed to the gateway's clients; the SDK's
+//     handlers for them are never reached and refuse if they are. The
+//     mirror is rebuilt when an upstream's tools are (re)listed, when it
+//     sends resources/list_changed or prompts/list_changed, and when a
+//     forwarded request finds that its session was replaced (a restart). A
+//     resource URI or template belongs to the first upstream that announced
+//     it (a clash is logged and the later one skipped); prompts get the
+//     upstream's tool_prefix, like its tools.
+//   - resources/read, resources/subscribe, prompts/get and
+//     completion/complete go to the one owner the middleware resolves and
+//     checks (gating.go: an exact URI, else the matching template with the
+//     longest literal prefix, ties refused, else the sole upstream with
+//     resources), never where the SDK's own matching would send them. The
+//     owner of a URI is subscribed once however many clients subscribe, and
+//     unsubscribed when the last one leaves. An upstream's
 //     notifications/resources/updated reaches only the clients subscribed
 //     to that URI.
-//   - logging/setLevel is answered by the SDK for the calling session, and
-//     the most verbose level any connected client asked for is set on every
-//     upstream that declares logging; each client then gets only messages at
-//     or above its own level.
+//   - logging/setLevel is answered by the SDK for the calling session. On
+//     each upstream that declares logging the gateway sets the most verbose
+//     level asked for by the connected clients that may reach that
+//     upstream (one of its tools is disclosed to them): an upstream a
+//     client may not see never hears of that client's level. Each client
+//     still gets only the messages at or above its own level, so one
+//     client's debug level shows another nothing it did not ask for.
 //   - ping is answered by the gateway itself; notifications/cancelled
 //     cancels the handler's context, and the SDK client then sends
 //     notifications/cancelled to the upstream for the forwarded request.
@@ -55,8 +60,9 @@ package mcpproxy
 //     that upstream or, with none in flight, the one whose request there
 //     finished last (within doneLinger); dropped when another client's
 //     request overlaps, so that a message is never taken for another
-//     client's (logTarget); to every session, each filtering by its own
-//     level, when no client has used that upstream within doneLinger.
+//     client's (logTarget); to every session that set a level and may
+//     reach that upstream, each filtering by its own level, when no client
+//     has used that upstream within doneLinger.
 //   - notifications/elicitation/complete: to the session that received the
 //     URL elicitation with that id.
 //
@@ -505,8 +511,9 @@ func (r *relay) attribute(name string, cs *mcp.ClientSession) (rec *inflight, se
 //   - with none in flight, the connected session whose request there
 //     finished last within doneLinger, unless another one's finished within
 //     logSettle of it;
-//   - with neither, every session (server is true): a message about the
-//     server itself, which each session filters by its own level.
+//   - with neither, every session that asked for log messages and may
+//     reach the upstream (server is true): a message about the server
+//     itself, which each session filters by its own level.
 //
 // In every other case it returns nothing and the message is dropped.
 func (r *relay) logTarget(name string, cs *mcp.ClientSession) (rec *inflight, server bool) {
