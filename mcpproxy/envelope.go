@@ -81,14 +81,16 @@ var upstreamMethods = map[string]bool{
 	"notifications/cancelled":              true,
 }
 
-// envelope is one JSON-RPC message, parsed once.
+// envelope is one JSON-RPC message, parsed once (parseEnvelope, by the
+// members' exact names; the tags serve the upstream's final response on
+// the fast path, which the gateway re-frames).
 type envelope struct {
-	JSONRPC string
-	Method  *string
-	ID      json.RawMessage
-	Params  json.RawMessage
-	Result  json.RawMessage
-	Error   json.RawMessage
+	JSONRPC string          `json:"jsonrpc"`
+	Method  *string         `json:"method"`
+	ID      json.RawMessage `json:"id"`
+	Params  json.RawMessage `json:"params"`
+	Result  json.RawMessage `json:"result"`
+	Error   json.RawMessage `json:"error"`
 }
 
 func (e *envelope) isRequest() bool {
