@@ -146,6 +146,16 @@ const (
 	EventDefinitionChanged       EventType = "mcp.tool.definition_changed"
 	EventBundleLoaded            EventType = "policy.bundle.loaded"
 	EventBundleRejected          EventType = "policy.bundle.rejected"
+	// EventAuthRefused records refused authentication on /mcp or the JSON
+	// API (no credential where one is needed, a malformed Authorization
+	// header, an unknown API key, a token that does not verify): the
+	// reason, the source address and how many such refusals it stands for
+	// (details count, first, last), never the credential itself.
+	EventAuthRefused EventType = "gateway.auth.refused"
+	// EventMethodRefused records MCP messages refused because their method
+	// is not one the gateway serves or relays (method not found): the
+	// method, the source address and how many such refusals it stands for.
+	EventMethodRefused EventType = "gateway.method.refused"
 )
 
 // SideEffectClass orders what a tool may do to the world:

@@ -37,6 +37,19 @@ type Identity struct {
 	// delegation token or a JWT's roles also grant (delegation.go). It is
 	// set only by a verifier, from a verified token.
 	Delegation *Delegation `json:"-"`
+	// Anonymous is true for the identity Settings.anonymous gives a request
+	// that carries no credential. Every such client gets the same identity,
+	// so only Session tells two of them apart. Set by the enforcement point
+	// only.
+	Anonymous bool `json:"-"`
+	// Session, for an anonymous identity, names the one client it stands
+	// for here: the enforcement point sets it to a digest of the client's
+	// MCP session id ("" over the JSON API, which has no sessions). An
+	// approval an anonymous call asks for is bound to it, so another
+	// anonymous client repeating the call cannot use it; an anonymous call
+	// without a Session neither creates nor uses an approval. Ignored for
+	// an identity that is not Anonymous.
+	Session string `json:"-"`
 }
 
 // Context returns the identity as an authz resolution context.
@@ -310,8 +323,19 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 	}
 	b := approval.Binding{Principal: req.Principal, AgentID: req.AgentID, InstanceID: req.InstanceID,
 		Environment: req.Environment, DeploymentMode: mode, ToolID: d.ToolID, ArgsDigest: out.ArgsDigest}
-	if r := requestedBy(req.Identity); r != req.Principal {
-		b.Requester = r // a delegate's approval is its own
+	requester := requestedBy(req.Identity)
+	if req.Anonymous {
+		// Every anonymous client has the same identity: an approval is the
+		// one client's that asked, bound to its MCP session, and a client
+		// without a session (the JSON API) cannot hold one at all.
+		if req.Session == "" {
+			d.Reason += " (not queued: an anonymous caller without an MCP session cannot be told from another anonymous caller, so it can neither ask for nor use an approval; call over /mcp, whose session the approval is bound to, or with a credential)"
+			return d
+		}
+		requester = fmt.Sprintf("%s (anonymous MCP session %s)", requester, req.Session)
+	}
+	if requester != req.Principal {
+		b.Requester = requester // a delegate's (an anonymous session's) approval is its own
 	}
 	now := g.now()
 	if a, ok, err := store.ConsumeApproval(ctx, b.Digest(), now, out.CorrelationID); err != nil {
@@ -367,7 +391,7 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 	if ttl == 0 {
 		ttl = 15 * time.Minute
 	}
-	a, err := approval.NewApproval(b, requestedBy(req.Identity), now, ttl)
+	a, err := approval.NewApproval(b, requester, now, ttl)
 	if err == nil {
 		a.CorrelationID = out.CorrelationID
 		a.ToolName = req.Tool

@@ -91,6 +91,14 @@ type Gateway struct {
 	// reload (toolgate_bundle_generation); gen also counts recompilations
 	// after upstream tool changes.
 	bundleGen uint64
+	// problems are the refusals last reported per upstream (onToolsChanged
+	// records only new ones); applied the sequence number of the tool list
+	// last applied per upstream.
+	problems map[string]map[string]bool
+	applied  map[string]uint64
+
+	// changes coalesces upstreams' tool list changes (toolChanges).
+	changes toolChanges
 }
 
 // Run serves until ctx ends, then shuts down gracefully. reload receives a
@@ -107,7 +115,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	gw := &Gateway{cfg: cfg, log: log, announced: map[string][]authz.AnnouncedTool{},
-		claimed: map[string]toolgate.SideEffectClass{}}
+		claimed:  map[string]toolgate.SideEffectClass{},
+		problems: map[string]map[string]bool{}, applied: map[string]uint64{}}
 
 	// Everything short of the store, listening and upstream processes;
 	// toolgate validate runs the same (prepare.go).
@@ -177,7 +186,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		// others (the JSON API's /v1/tools/call).
 		executor.Upstreams = observedUpstreams{ups, gw.Metrics}
 	}
-	gw.Proxy = mcpproxy.New(gw.Gate, ups, prep.Identities, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics})
+	gw.Proxy = mcpproxy.New(gw.Gate, ups, prep.Identities, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics,
+		Registerer: gw.Metrics.Registry()})
 	gw.Proxy.SetBuiltins(snap, bt)
 	if ups != nil {
 		if err := ups.Start(ctx); err != nil {
@@ -240,6 +250,8 @@ func (gw *Gateway) shutdown(srv *http.Server) error {
 	if gw.Ups != nil {
 		gw.Ups.Close()
 	}
+	gw.stopToolChanges()
+	gw.Proxy.FlushRefusals() // the refusals counted but not yet written
 	if cerr := gw.Rec.Close(ctx); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("audit log: %w", cerr))
 	}
@@ -321,11 +333,98 @@ func (gw *Gateway) newUpstreams(cfgs []upstream.Config) (*upstream.Manager, erro
 	return upstream.New(cfgs, o)
 }
 
-// onToolsChanged maps an upstream's new tool list into the catalog,
-// recompiles and mirrors the tools into the MCP server.
+// ToolChangeWindow is the shortest time between two applications of one
+// upstream's changed tool list (onToolsChanged). A variable for tests.
+var ToolChangeWindow = time.Second
+
+// toolChanges coalesces the tool lists upstreams announce: an upstream that
+// floods tools/list_changed with a changing list is re-listed one list at
+// a time (the upstream Manager never has two re-lists of one upstream in
+// flight), and what it announces is applied — recompiled, mirrored to the
+// clients, and recorded as mcp.tool.definition_changed — at most once per
+// ToolChangeWindow: the first change at once, the ones after it within the
+// window as one, the latest list, when the window ends. So one event
+// stands for the actual change within a window, and a list that changes
+// back within it records none.
+type toolChanges struct {
+	mu      sync.Mutex
+	byName  map[string]*pendingTools
+	stopped bool
+}
+
+type pendingTools struct {
+	seq     uint64      // lists received
+	tools   []*mcp.Tool // the latest, while waiting
+	waiting *time.Timer // set while a list waits for the window to end
+	last    time.Time   // when a list was last applied
+}
+
+// onToolsChanged receives an upstream's new tool list (from the upstream
+// Manager) and applies it now or when the window ends (toolChanges).
 func (gw *Gateway) onToolsChanged(name string, tools []*mcp.Tool) {
+	c := &gw.changes
+	c.mu.Lock()
+	if c.byName == nil {
+		c.byName = map[string]*pendingTools{}
+	}
+	pt := c.byName[name]
+	if pt == nil {
+		pt = &pendingTools{}
+		c.byName[name] = pt
+	}
+	pt.seq++
+	seq, now := pt.seq, time.Now()
+	switch {
+	case c.stopped:
+		c.mu.Unlock()
+		return
+	case pt.waiting != nil:
+		pt.tools = tools // the window's end applies the latest
+		c.mu.Unlock()
+		return
+	case pt.last.IsZero() || now.Sub(pt.last) >= ToolChangeWindow:
+		pt.last = now
+		c.mu.Unlock()
+		gw.applyTools(name, tools, seq)
+		return
+	}
+	pt.tools = tools
+	pt.waiting = time.AfterFunc(pt.last.Add(ToolChangeWindow).Sub(now), func() {
+		c.mu.Lock()
+		tools, seq := pt.tools, pt.seq
+		pt.tools, pt.waiting, pt.last = nil, nil, time.Now()
+		stopped := c.stopped
+		c.mu.Unlock()
+		if !stopped {
+			gw.applyTools(name, tools, seq)
+		}
+	})
+	c.mu.Unlock()
+}
+
+// stopToolChanges drops the tool lists still waiting (at shutdown).
+func (gw *Gateway) stopToolChanges() {
+	c := &gw.changes
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	for _, pt := range c.byName {
+		if pt.waiting != nil {
+			pt.waiting.Stop()
+		}
+	}
+}
+
+// applyTools maps an upstream's new tool list into the catalog,
+// recompiles and mirrors the tools into the MCP server. seq orders the
+// lists of one upstream; an older one than the last applied is ignored.
+func (gw *Gateway) applyTools(name string, tools []*mcp.Tool, seq uint64) {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
+	if seq <= gw.applied[name] {
+		return
+	}
+	gw.applied[name] = seq
 	var u *policy.Upstream
 	for _, x := range gw.bundle.Upstreams {
 		if x.Name == name {
@@ -338,7 +437,12 @@ func (gw *Gateway) onToolsChanged(name string, tools []*mcp.Tool) {
 	accepted, problems := mcpproxy.Announced(u, tools)
 	accepted, conflicts := authz.CheckAnnounced(gw.bundle, accepted)
 	problems = append(problems, conflicts...)
+	seen := map[string]bool{}
 	for _, p := range problems {
+		seen[p] = true
+		if gw.problems[name][p] {
+			continue // reported when it first appeared
+		}
 		gw.log.Warn("upstream tool refused", "upstream", name, "problem", p)
 		gw.Gate.RecordEvent(audit.Event{EventType: string(toolgate.EventDefinitionChanged), Reason: p,
 			Details: map[string]any{"upstream": name, "refused": true}})
@@ -352,6 +456,7 @@ func (gw *Gateway) onToolsChanged(name string, tools []*mcp.Tool) {
 		}
 		gw.claimed[a.ID] = a.SideEffectClass
 	}
+	gw.problems[name] = seen
 	prev := gw.announced[name]
 	gw.announced[name] = accepted
 	if !sameAnnounced(prev, accepted) && prev != nil {

@@ -71,7 +71,7 @@ var narrowedPaths = map[string]bool{"/v1/resolve": true, "/v1/decide": true, "/v
 // approvals nor read the audit log, which its principal's own grants would
 // allow but its token does not hand on.
 func (gw *Gateway) identifyHTTP(r *http.Request) (gate.Identity, error) {
-	id, err := gw.Proxy.Identities().Identify(r.Header.Get("Authorization"))
+	id, err := gw.Proxy.Authenticate(r, "http") // a failure is logged, counted and audited
 	if err != nil {
 		return id, err
 	}
@@ -120,10 +120,11 @@ func (gw *Gateway) mintHTTP(w http.ResponseWriter, r *http.Request) error {
 		// would outlive Settings.anonymous being turned off.
 		w.Header().Set("Connection", "close") // the body stays unread
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
-		return &httpapi.Error{Status: http.StatusUnauthorized, Code: "unauthenticated",
-			Message: "unauthenticated: minting a delegation token needs the delegator's own credential (Authorization: Bearer ...)"}
+		const msg = "minting a delegation token needs the delegator's own credential (Authorization: Bearer ...)"
+		gw.Proxy.AuthRefused(r, "http", mcpproxy.MissingCredential(msg))
+		return &httpapi.Error{Status: http.StatusUnauthorized, Code: "unauthenticated", Message: "unauthenticated: " + msg}
 	}
-	caller, err := gw.Proxy.Identities().Identify(cred)
+	caller, err := gw.Proxy.Authenticate(r, "http")
 	if err != nil {
 		w.Header().Set("Connection", "close")
 		w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)

@@ -8,7 +8,11 @@ package mcpproxy
 // bytes posted on the session the upstream Manager keeps. Everything the
 // fast path does not handle goes to the SDK as before: requests before the
 // session is in use, other methods, calls carrying _meta (progress tokens)
-// or unknown params, Settings.approval_wait, and tools of stdio upstreams.
+// or unknown params, Settings.approval_wait, and tools of stdio upstreams
+// the caller may see. Visibility is decided before the path: a name the
+// caller may not see (a hidden tool of any upstream or built-in, or none
+// at all) is answered here, alike, whatever its upstream, so the shape of
+// the answer and the path counter never tell hidden from nonexistent.
 //
 // While a call is in flight, what the upstream sends on its stream before
 // the result (log messages, and its own requests: sampling, elicitation,
@@ -68,6 +72,10 @@ type fastState struct {
 	pending  map[string]*pendingRequest // relayed request id → where the answer goes
 	calls    map[callKey]context.CancelFunc
 	reaped   time.Time
+	// admitting counts the initialize requests admitted and not yet done,
+	// by credential key and in total (sessions.go).
+	admitting      map[string]int
+	admittingTotal int
 }
 
 // clientSession is a session the SDK created, as the fast path knows it.
@@ -78,9 +86,12 @@ type clientSession struct {
 	cred string
 	// ready is set once the session has made a request other than
 	// initialize through the SDK (the handshake is done).
-	ready  bool
-	seen   atomic.Int64 // unix nanoseconds of the last request
-	active atomic.Int32 // HTTP requests in progress (an open GET stream too)
+	ready bool
+	// closing is set when the session is being closed to make room
+	// (sessions.go); it no longer counts.
+	closing bool
+	seen    atomic.Int64 // unix nanoseconds of the last request
+	active  atomic.Int32 // HTTP requests in progress (an open GET stream too)
 }
 
 // pendingRequest is an upstream's request relayed to a client.
@@ -96,16 +107,17 @@ func newFastState() *fastState {
 	b := make([]byte, 6)
 	rand.Read(b)
 	return &fastState{tag: hex.EncodeToString(b), sessions: map[string]*clientSession{},
-		pending: map[string]*pendingRequest{}, calls: map[callKey]context.CancelFunc{}}
+		pending: map[string]*pendingRequest{}, calls: map[callKey]context.CancelFunc{}, admitting: map[string]int{}}
 }
 
 // credentialKey is the key a session is bound to for an Authorization
-// header: "" for none, else as New's auth.RequireBearerToken computes it.
+// header, as New's auth.RequireBearerToken computes it: anonymousUserID for
+// none, else tokenUserID of the token as Identify reads it.
 func credentialKey(authorization string) string {
 	if authorization == "" {
-		return ""
+		return anonymousUserID
 	}
-	token, ok := strings.CutPrefix(authorization, "Bearer ")
+	token, ok := bearerToken(authorization)
 	if !ok {
 		return "unparsed"
 	}
@@ -158,13 +170,13 @@ func (p *Proxy) remember(req mcp.Request, method string) {
 // with no request in progress. The SDK's own idle timer would not see the
 // fast path's calls, so the gateway keeps time itself. Call the returned
 // function when the request is done.
-func (p *Proxy) begin(sessionID, authorization string) (done func()) {
+func (p *Proxy) begin(sessionID, cred string) (done func()) {
 	f := p.fast
 	now := time.Now()
 	var idle []*mcp.ServerSession
 	f.mu.Lock()
 	cs := f.sessions[sessionID]
-	if cs != nil && cs.cred != credentialKey(authorization) {
+	if cs != nil && cs.cred != cred {
 		cs = nil // another credential's request keeps nobody's session alive
 	}
 	if cs != nil {
@@ -193,20 +205,6 @@ func (p *Proxy) begin(sessionID, authorization string) (done func()) {
 			cs.active.Add(-1)
 		}
 	}
-}
-
-// envelope is one JSON-RPC message, parsed once.
-type envelope struct {
-	JSONRPC string          `json:"jsonrpc"`
-	Method  *string         `json:"method"`
-	ID      json.RawMessage `json:"id"`
-	Params  json.RawMessage `json:"params"`
-	Result  json.RawMessage `json:"result"`
-	Error   json.RawMessage `json:"error"`
-}
-
-func (e *envelope) isRequest() bool {
-	return e.Method != nil && len(e.ID) > 0 && string(e.ID) != "null"
 }
 
 // serveFast serves a POSTed message on the fast path when it can and
@@ -263,7 +261,7 @@ func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env
 	if accept := strings.Join(r.Header.Values("Accept"), ","); !strings.Contains(accept, "application/json") || !strings.Contains(accept, "text/event-stream") {
 		return false
 	}
-	var params map[string]json.RawMessage
+	var params map[string]json.RawMessage // exact member names (parseEnvelope refused case twins)
 	if err := json.Unmarshal(env.Params, &params); err != nil {
 		return false
 	}
@@ -283,7 +281,12 @@ func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env
 	if p.g.Snapshot().Settings().ApprovalWait.D() > 0 {
 		return false
 	}
-	if m, ok := p.lookup(name); ok && m.builtin == "" {
+	id = withSession(id, sid)
+	// Visibility first, then the path: every name this caller may not see
+	// (hidden, of any upstream or built-in, or nonexistent) is answered
+	// here, alike, so neither the answer's shape nor the path counter can
+	// tell a hidden tool from one that does not exist.
+	if m, ok := p.lookup(name); ok && m.builtin == "" && p.disclose(id).Disclosed[m.id] {
 		if p.ups == nil {
 			return false
 		}
@@ -672,21 +675,36 @@ func (p *Proxy) readEvents(ctx context.Context, body io.Reader, d *upstream.Dire
 			continue
 		}
 		gotEvent = true
+		msg := data
+		data = nil
 		var env envelope
-		if err := json.Unmarshal(data, &env); err != nil {
+		if err := json.Unmarshal(msg, &env); err != nil {
 			return false, gotEvent, fmt.Errorf("the upstream sent a message that is not JSON: %v", err)
 		}
-		data = nil
-		switch {
-		case env.Method == nil && bytes.Equal(env.ID, upID):
+		if env.Method == nil && bytes.Equal(env.ID, upID) {
 			*final = env
 			return true, gotEvent, nil
-		case env.isRequest():
-			p.relayRequest(ctx, d, cs, &env, out)
-		case env.Method != nil && *env.Method == "notifications/message":
-			p.relayLog(cs, &env, out)
+		}
+		// What reaches the client is read strictly, as a client's message
+		// is (parseEnvelope), and only if its method is relayed.
+		strict, err := parseEnvelope(msg)
+		switch {
+		case err != nil:
+			p.log.Warn("fast path: upstream message refused", "upstream", d.Upstream, "err", err)
+			if env.isRequest() {
+				postAnswer(d, errorMessage(env.ID, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "toolgate: refused: " + err.Error()}))
+			}
+		case strict.Method != nil && !upstreamMethods[*strict.Method]:
+			p.refused.methodRefused(nil, "upstream:"+d.Upstream, *strict.Method)
+			if strict.isRequest() {
+				postAnswer(d, errorMessage(strict.ID, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("toolgate: %s is not relayed to clients", *strict.Method)}))
+			}
+		case strict.isRequest():
+			p.relayRequest(ctx, d, cs, strict, out)
+		case strict.Method != nil && *strict.Method == "notifications/message":
+			p.relayLog(cs, strict, out)
 		default:
-			p.log.Debug("fast path: upstream message not relayed", "upstream", d.Upstream, "method", env.Method)
+			p.log.Debug("fast path: upstream message not relayed", "upstream", d.Upstream, "method", strict.Method)
 		}
 	}
 }
@@ -721,7 +739,7 @@ func (p *Proxy) relayLog(cs *clientSession, env *envelope, out *fastWriter) {
 	r.mu.Lock()
 	want, ok := r.levels[cs.ss]
 	r.mu.Unlock()
-	if !ok || want == "" || levelRank(params.Level) < levelRank(want) {
+	if !ok || want.level == "" || levelRank(params.Level) < levelRank(want.level) {
 		return
 	}
 	msg, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": "notifications/message", "params": &params})
@@ -872,17 +890,15 @@ func (p *Proxy) fastAnswer(w http.ResponseWriter, r *http.Request, sid string, e
 // fastCancel cancels a fast call the client gave up on; other
 // cancellations go to the SDK.
 func (p *Proxy) fastCancel(w http.ResponseWriter, r *http.Request, sid string, env *envelope) bool {
-	var params struct {
-		RequestID json.RawMessage `json:"requestId"`
-	}
-	if json.Unmarshal(env.Params, &params) != nil || len(params.RequestID) == 0 {
+	reqID, ok := strictMember(env.Params, "requestId") // as the SDK reads it
+	if !ok || len(reqID) == 0 {
 		return false
 	}
 	if p.fast.session(sid, r) == nil {
 		return false
 	}
 	p.fast.mu.Lock()
-	cancel := p.fast.calls[callKey{sid, string(params.RequestID)}]
+	cancel := p.fast.calls[callKey{sid, string(reqID)}]
 	p.fast.mu.Unlock()
 	if cancel == nil {
 		return false

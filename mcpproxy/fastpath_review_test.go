@@ -31,6 +31,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
@@ -92,6 +93,23 @@ func serveProxyT(t *testing.T, bundleYAML string, callTimeout time.Duration) (st
 // Proxy.
 func serveProxyR(t *testing.T, bundleYAML string, callTimeout time.Duration, rec *audit.Recorder) (string, *Proxy) {
 	t.Helper()
+	return serveProxyEnv(t, bundleYAML, proxyEnv{callTimeout: callTimeout, rec: rec})
+}
+
+// proxyEnv is what serveProxyEnv builds a Proxy with: the upstream call
+// timeout (0: the default), the audit recorder and the approval store
+// (nil: none), and the Proxy's options (nil: the defaults).
+type proxyEnv struct {
+	callTimeout time.Duration
+	rec         *audit.Recorder
+	approvals   approval.Store
+	opts        *Options
+}
+
+// serveProxyEnv is serveProxyR with everything env says.
+func serveProxyEnv(t *testing.T, bundleYAML string, env proxyEnv) (string, *Proxy) {
+	t.Helper()
+	callTimeout, rec := env.callTimeout, env.rec
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "bundle.yaml"), []byte(bundleYAML), 0o600); err != nil {
 		t.Fatal(err)
@@ -104,7 +122,7 @@ func serveProxyR(t *testing.T, bundleYAML string, callTimeout time.Duration, rec
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := gate.New(snap, &gate.Options{Recorder: rec})
+	g := gate.New(snap, &gate.Options{Recorder: rec, Approvals: env.approvals})
 	var (
 		p         *Proxy
 		mu        sync.Mutex
@@ -137,7 +155,7 @@ func serveProxyR(t *testing.T, bundleYAML string, callTimeout time.Duration, rec
 	if err != nil {
 		t.Fatal(err)
 	}
-	p = New(g, ups, NewIdentities(b), nil)
+	p = New(g, ups, NewIdentities(b), env.opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := ups.Start(ctx); err != nil {

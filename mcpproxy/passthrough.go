@@ -8,28 +8,33 @@ package mcpproxy
 //
 // How each part travels:
 //
-//   - Resources, resource templates and prompts are mirrored into the
-//     gateway's mcp.Server (AddResource, AddResourceTemplate, AddPrompt) with
-//     handlers that forward resources/read and prompts/get to the owning
-//     upstream. The mirror is rebuilt when an upstream's tools are (re)listed,
-//     when it sends resources/list_changed or prompts/list_changed, and when
-//     a forwarded request finds that its session was replaced (a restart).
-//     The SDK then sends list_changed to the gateway's clients. A resource
-//     URI or template belongs to the first upstream that announced it (a
-//     clash is logged and the later one skipped); prompts get the upstream's
-//     tool_prefix, like its tools. resources/read of a URI nobody listed
-//     goes to the one upstream that declares resources, if there is exactly
-//     one; otherwise it is "Resource not found".
-//   - completion/complete goes to the owner of the referenced prompt or
-//     resource (template); resources/subscribe and unsubscribe go to the
-//     owner of the URI, which is subscribed once however many clients
-//     subscribe, and unsubscribed when the last one leaves. An upstream's
+//   - Resources, resource templates and prompts are mirrored: the gateway
+//     keeps their definitions (the lists it answers itself, filtered and
+//     paged: lists.go) and registers them with its mcp.Server only so that
+//     the SDK sends list_changed to the gateway's clients; the SDK's
+//     handlers for them are never reached and refuse if they are. The
+//     mirror is rebuilt when an upstream's tools are (re)listed, when it
+//     sends resources/list_changed or prompts/list_changed, and when a
+//     forwarded request finds that its session was replaced (a restart). A
+//     resource URI or template belongs to the first upstream that announced
+//     it (a clash is logged and the later one skipped); prompts get the
+//     upstream's tool_prefix, like its tools.
+//   - resources/read, resources/subscribe, prompts/get and
+//     completion/complete go to the one owner the middleware resolves and
+//     checks (gating.go: an exact URI, else the matching template with the
+//     longest literal prefix, ties refused, else the sole upstream with
+//     resources), never where the SDK's own matching would send them. The
+//     owner of a URI is subscribed once however many clients subscribe, and
+//     unsubscribed when the last one leaves. An upstream's
 //     notifications/resources/updated reaches only the clients subscribed
 //     to that URI.
-//   - logging/setLevel is answered by the SDK for the calling session, and
-//     the most verbose level any connected client asked for is set on every
-//     upstream that declares logging; each client then gets only messages at
-//     or above its own level.
+//   - logging/setLevel is answered by the SDK for the calling session. On
+//     each upstream that declares logging the gateway sets the most verbose
+//     level asked for by the connected clients that may reach that
+//     upstream (one of its tools is disclosed to them): an upstream a
+//     client may not see never hears of that client's level. Each client
+//     still gets only the messages at or above its own level, so one
+//     client's debug level shows another nothing it did not ask for.
 //   - ping is answered by the gateway itself; notifications/cancelled
 //     cancels the handler's context, and the SDK client then sends
 //     notifications/cancelled to the upstream for the forwarded request.
@@ -55,8 +60,9 @@ package mcpproxy
 //     that upstream or, with none in flight, the one whose request there
 //     finished last (within doneLinger); dropped when another client's
 //     request overlaps, so that a message is never taken for another
-//     client's (logTarget); to every session, each filtering by its own
-//     level, when no client has used that upstream within doneLinger.
+//     client's (logTarget); to every session that set a level and may
+//     reach that upstream, each filtering by its own level, when no client
+//     has used that upstream within doneLinger.
 //   - notifications/elicitation/complete: to the session that received the
 //     URL elicitation with that id.
 //
@@ -83,7 +89,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/yosida95/uritemplate/v3"
 
+	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/upstream"
 )
 
@@ -194,9 +202,15 @@ type relay struct {
 	tmplOwner map[string]string        // URI template → upstream
 	prompts   map[string]promptRef     // name the client sees → owner
 	subs      map[string]*subscription // resource URI → who subscribed
-	levels    map[*mcp.ServerSession]mcp.LoggingLevel
-	elicits   map[string]*mcp.ServerSession // URL elicitation id → session asked
-	outboxes  map[*mcp.ServerSession]*outbox
+	levels    map[*mcp.ServerSession]levelRequest
+	// The mirrored definitions (what the lists show), by the keys of
+	// resOwner, tmplOwner and prompts, and each template's matcher.
+	resDef       map[string]*mcp.Resource
+	tmplDef      map[string]*mcp.ResourceTemplate
+	tmplCompiled map[string]*uritemplate.Template
+	promptDef    map[string]*mcp.Prompt
+	elicits      map[string]*mcp.ServerSession // URL elicitation id → session asked
+	outboxes     map[*mcp.ServerSession]*outbox
 }
 
 // upState is what the relay knows of one upstream.
@@ -215,6 +229,68 @@ type upState struct {
 }
 
 type promptRef struct{ upstream, name string }
+
+// levelRequest is the logging level a client session asked for, and who
+// asked (the upstreams it may reach get it: setLevel).
+type levelRequest struct {
+	level mcp.LoggingLevel
+	id    gate.Identity
+}
+
+// ownedResource, ownedTemplate and ownedPrompt are mirrored definitions
+// with the upstream that owns them (for the lists: lists.go).
+type (
+	ownedResource struct {
+		def   *mcp.Resource
+		owner string
+	}
+	ownedTemplate struct {
+		def   *mcp.ResourceTemplate
+		owner string
+	}
+	ownedPrompt struct {
+		def   *mcp.Prompt
+		owner string
+	}
+)
+
+func (r *relay) resourceList() []ownedResource {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]ownedResource, 0, len(r.resDef))
+	for k, d := range r.resDef {
+		out = append(out, ownedResource{d, r.resOwner[k]})
+	}
+	return out
+}
+
+func (r *relay) templateList() []ownedTemplate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]ownedTemplate, 0, len(r.tmplDef))
+	for k, d := range r.tmplDef {
+		out = append(out, ownedTemplate{d, r.tmplOwner[k]})
+	}
+	return out
+}
+
+func (r *relay) promptList() []ownedPrompt {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]ownedPrompt, 0, len(r.promptDef))
+	for k, d := range r.promptDef {
+		out = append(out, ownedPrompt{d, r.prompts[k].upstream})
+	}
+	return out
+}
+
+// templateOwner returns the upstream that listed exactly this template.
+func (r *relay) templateOwner(tmpl string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	up, ok := r.tmplOwner[tmpl]
+	return up, ok
+}
 
 type subscription struct {
 	upstream string
@@ -249,8 +325,10 @@ func (c *inflight) live() bool {
 
 func newRelay(p *Proxy) *relay {
 	return &relay{p: p, ups: map[string]*upState{}, resOwner: map[string]string{}, tmplOwner: map[string]string{},
-		prompts: map[string]promptRef{}, subs: map[string]*subscription{}, levels: map[*mcp.ServerSession]mcp.LoggingLevel{},
-		elicits: map[string]*mcp.ServerSession{}, outboxes: map[*mcp.ServerSession]*outbox{}}
+		prompts: map[string]promptRef{}, subs: map[string]*subscription{}, levels: map[*mcp.ServerSession]levelRequest{},
+		elicits: map[string]*mcp.ServerSession{}, outboxes: map[*mcp.ServerSession]*outbox{},
+		resDef: map[string]*mcp.Resource{}, tmplDef: map[string]*mcp.ResourceTemplate{},
+		tmplCompiled: map[string]*uritemplate.Template{}, promptDef: map[string]*mcp.Prompt{}}
 }
 
 // configure adds the pass-through capabilities and handlers to the
@@ -263,9 +341,19 @@ func (r *relay) configure(o *mcp.ServerOptions) {
 	o.Capabilities.Prompts = &mcp.PromptCapabilities{ListChanged: true}
 	o.Capabilities.Completions = &mcp.CompletionCapabilities{}
 	o.Capabilities.Logging = &mcp.LoggingCapabilities{}
-	o.CompletionHandler = r.complete
+	// completion/complete never reaches the SDK (passThrough answers it);
+	// the handler declares the capability and refuses if ever reached.
+	o.CompletionHandler = func(context.Context, *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
+		return nil, unguarded("completion/complete")
+	}
 	o.SubscribeHandler = r.subscribe
 	o.UnsubscribeHandler = r.unsubscribe
+}
+
+// unguarded is the error of an SDK handler the middleware should have
+// answered before it (fail closed).
+func unguarded(method string) error {
+	return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "toolgate: " + method + " reached an unguarded handler (refused)"}
 }
 
 func (r *relay) upLocked(name string) *upState {
@@ -287,25 +375,15 @@ func (r *relay) upstreamChanged(name, prefix string) {
 	r.resync(name)
 }
 
-// handle is the receiving middleware's part for methods other than tools.
-func (r *relay) handle(ctx context.Context, method string, req mcp.Request, next mcp.MethodHandler) (mcp.Result, error) {
-	switch q := req.(type) {
-	case *mcp.ServerRequest[*mcp.SetLoggingLevelParams]:
-		res, err := next(ctx, method, req)
-		if err == nil && q.Params != nil {
-			r.setLevel(ctx, q.Session, q.Params.Level)
-		}
-		return res, err
-	case *mcp.ReadResourceRequest:
-		res, err := next(ctx, method, req)
-		if isResourceNotFound(err) && q.Params != nil {
-			if name, ok := r.soleResourceUpstream(); ok {
-				return r.read(ctx, name, q)
-			}
-		}
-		return res, err
+// handleSetLevel answers logging/setLevel for the calling session (the
+// SDK keeps its level) and passes the level on to the upstreams the
+// caller id may reach (setLevel).
+func (r *relay) handleSetLevel(ctx context.Context, id gate.Identity, method string, q *mcp.ServerRequest[*mcp.SetLoggingLevelParams], next mcp.MethodHandler) (mcp.Result, error) {
+	res, err := next(ctx, method, q)
+	if err == nil && q.Params != nil {
+		r.setLevel(ctx, q.Session, id, q.Params.Level)
 	}
-	return next(ctx, method, req)
+	return res, err
 }
 
 // --- request tracking ---------------------------------------------------
@@ -337,7 +415,9 @@ func (r *relay) begin(ctx context.Context, name string, ss *mcp.ServerSession, m
 	if err != nil {
 		return nil, err
 	}
-	c := r.track(ctx, name, cs, ss, meta)
+	// The gateway's own _meta namespace never comes from a client (every
+	// request forwarded, not only tools/call).
+	c := r.track(ctx, name, cs, ss, withoutOwnMeta(meta))
 	r.mu.Lock()
 	st := r.upLocked(name)
 	stale := st.known && st.synced != cs
@@ -431,8 +511,9 @@ func (r *relay) attribute(name string, cs *mcp.ClientSession) (rec *inflight, se
 //   - with none in flight, the connected session whose request there
 //     finished last within doneLinger, unless another one's finished within
 //     logSettle of it;
-//   - with neither, every session (server is true): a message about the
-//     server itself, which each session filters by its own level.
+//   - with neither, every session that asked for log messages and may
+//     reach the upstream (server is true): a message about the server
+//     itself, which each session filters by its own level.
 //
 // In every other case it returns nothing and the message is dropped.
 func (r *relay) logTarget(name string, cs *mcp.ClientSession) (rec *inflight, server bool) {
@@ -665,7 +746,17 @@ func (r *relay) logMessage(name string, req *mcp.LoggingMessageRequest) {
 			rec.ss.Log(ctx, params)
 		})
 	case server:
+		// A message about the server itself: to the sessions that asked
+		// for log messages and may reach this upstream (a session that
+		// set no level gets none anyway), each filtering by its own level.
+		r.mu.Lock()
+		asked := maps.Clone(r.levels)
+		r.mu.Unlock()
 		for ss := range r.p.server.Sessions() {
+			l, ok := asked[ss]
+			if !ok || !r.p.reachable(l.id)[name] {
+				continue
+			}
 			r.post(ss, func() {
 				ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
 				defer cancel()
@@ -804,32 +895,16 @@ func (r *relay) getPrompt(ctx context.Context, ref promptRef, req *mcp.GetPrompt
 	return res, r.upstreamError(ref.upstream, "prompts/get", err)
 }
 
-// complete answers completion/complete from the owner of the referenced
-// prompt or resource. An owner without completions gives no values.
-func (r *relay) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
-	ref := req.Params.Ref
-	var name string
-	out := *ref
+// completeAt answers completion/complete from upstream name, the owner
+// passThrough resolved, with ref in the upstream's own terms (a prompt's
+// own name). An owner without completions gives no values.
+func (r *relay) completeAt(ctx context.Context, name string, ref *mcp.CompleteReference, req *mcp.CompleteRequest) (*mcp.CompleteResult, error) {
 	r.mu.Lock()
-	switch ref.Type {
-	case "ref/prompt":
-		if p, ok := r.prompts[ref.Name]; ok {
-			name, out.Name = p.upstream, p.name
-		}
-	case "ref/resource":
-		name = r.tmplOwner[ref.URI]
-		if name == "" {
-			name = r.resOwner[ref.URI]
-		}
-	}
 	var completions bool
 	if st := r.ups[name]; st != nil {
 		completions = st.caps.Completions != nil
 	}
 	r.mu.Unlock()
-	if name == "" {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("completion/complete: unknown reference %s %q", ref.Type, ref.Name+ref.URI)}
-	}
 	if !completions {
 		return &mcp.CompleteResult{Completion: mcp.CompletionResultDetails{Values: []string{}}}, nil
 	}
@@ -840,20 +915,8 @@ func (r *relay) complete(ctx context.Context, req *mcp.CompleteRequest) (*mcp.Co
 	defer c.end()
 	ctx, cancel := context.WithTimeout(ctx, passTimeout)
 	defer cancel()
-	res, err := c.cs.Complete(ctx, &mcp.CompleteParams{Meta: c.meta, Argument: req.Params.Argument, Context: req.Params.Context, Ref: &out})
+	res, err := c.cs.Complete(ctx, &mcp.CompleteParams{Meta: c.meta, Argument: req.Params.Argument, Context: req.Params.Context, Ref: ref})
 	return res, r.upstreamError(name, "completion/complete", err)
-}
-
-// ownerOf returns the upstream a resource URI belongs to: the one that
-// listed it, else the only upstream that declares resources.
-func (r *relay) ownerOf(uri string) (string, bool) {
-	r.mu.Lock()
-	name, ok := r.resOwner[uri]
-	r.mu.Unlock()
-	if ok {
-		return name, true
-	}
-	return r.soleResourceUpstream()
 }
 
 func (r *relay) soleResourceUpstream() (string, bool) {
@@ -871,18 +934,14 @@ func (r *relay) soleResourceUpstream() (string, bool) {
 	return "", false
 }
 
-func isResourceNotFound(err error) bool {
-	var rpcErr *jsonrpc.Error
-	return errors.As(err, &rpcErr) && rpcErr.Code == mcp.CodeResourceNotFound && rpcErr.Message == "Resource not found"
-}
-
 // subscribe subscribes the owner of the URI once, for the first client
-// session that subscribes to it.
+// session that subscribes to it. The owner is the one passThrough resolved
+// and checked (in ctx); without one the request is refused.
 func (r *relay) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error {
 	uri := req.Params.URI
-	name, ok := r.ownerOf(uri)
-	if !ok {
-		return mcp.ResourceNotFoundError(uri)
+	name, ok := ctx.Value(ownerKey{}).(string)
+	if !ok || name == "" {
+		return unguarded("resources/subscribe")
 	}
 	r.pruneSessions()
 	r.mu.Lock()
@@ -1018,24 +1077,34 @@ func levelRank(l mcp.LoggingLevel) int {
 	return -1
 }
 
-// wantLevelLocked is the most verbose level any live session asked for, or
-// "" if none did.
-func (r *relay) wantLevelLocked() mcp.LoggingLevel {
-	var want mcp.LoggingLevel
+// wantLevel is the most verbose level asked for by a live session that
+// may reach upstream name, or "" if none did.
+func (r *relay) wantLevel(name string) mcp.LoggingLevel {
+	r.mu.Lock()
+	asked := make([]levelRequest, 0, len(r.levels))
 	for _, l := range r.levels {
-		if levelRank(l) >= 0 && (want == "" || levelRank(l) < levelRank(want)) {
-			want = l
+		asked = append(asked, l)
+	}
+	r.mu.Unlock()
+	var want mcp.LoggingLevel
+	for _, l := range asked {
+		if levelRank(l.level) >= 0 && (want == "" || levelRank(l.level) < levelRank(want)) && r.p.reachable(l.id)[name] {
+			want = l.level
 		}
 	}
 	return want
 }
 
-// setLevel records ss's level and sets the most verbose level wanted on
-// every upstream that declares logging and has a different one.
-func (r *relay) setLevel(ctx context.Context, ss *mcp.ServerSession, level mcp.LoggingLevel) {
+// setLevel records ss's level (asked for by id) and sets, on every
+// upstream that declares logging, the most verbose level asked for by the
+// sessions that may reach it (wantLevel): an upstream a caller may not
+// see never hears of its level, and each client still gets only the
+// messages at or above its own level (the SDK's ServerSession.Log; the
+// fast path's relayLog).
+func (r *relay) setLevel(ctx context.Context, ss *mcp.ServerSession, id gate.Identity, level mcp.LoggingLevel) {
 	r.pruneSessions()
 	r.mu.Lock()
-	r.levels[ss] = level
+	r.levels[ss] = levelRequest{level: level, id: id}
 	names := slices.Sorted(maps.Keys(r.ups))
 	r.mu.Unlock()
 	for _, name := range names {
@@ -1053,9 +1122,9 @@ func (r *relay) applyLevel(ctx context.Context, name string) {
 	if err != nil {
 		return
 	}
+	want := r.wantLevel(name)
 	r.mu.Lock()
 	st := r.upLocked(name)
-	want := r.wantLevelLocked()
 	skip := want == "" || st.caps.Logging == nil || st.synced != cs || st.level == want
 	r.mu.Unlock()
 	if skip {
@@ -1232,44 +1301,57 @@ func register(f func()) (err error) {
 	return nil
 }
 
+// The SDK's registrations of mirrored resources, templates and prompts
+// declare them (its list_changed notifications); their handlers are never
+// reached, since passThrough answers resources/read and prompts/get at the
+// owner it resolved, and refuse if they ever are.
+func refuseRead(context.Context, *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
+	return nil, unguarded("resources/read")
+}
+
 func (r *relay) mirrorResources(name string, list []*mcp.Resource) {
 	mirrorByKey(r, name, list, "resource", func(x *mcp.Resource) string { return x.URI },
-		func(st *upState) map[string]string { return st.resources }, r.resOwner,
+		func(st *upState) map[string]string { return st.resources }, r.resOwner, r.resDef,
 		func(keys ...string) { r.p.server.RemoveResources(keys...) },
-		func(x *mcp.Resource) {
-			r.p.server.AddResource(x, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-				return r.read(ctx, name, req)
-			})
-		})
+		func(x *mcp.Resource) { r.p.server.AddResource(x, refuseRead) })
 }
 
 func (r *relay) mirrorTemplates(name string, list []*mcp.ResourceTemplate) {
 	mirrorByKey(r, name, list, "resource template", func(x *mcp.ResourceTemplate) string { return x.URITemplate },
-		func(st *upState) map[string]string { return st.templates }, r.tmplOwner,
-		func(keys ...string) { r.p.server.RemoveResourceTemplates(keys...) },
+		func(st *upState) map[string]string { return st.templates }, r.tmplOwner, r.tmplDef,
+		func(keys ...string) {
+			r.p.server.RemoveResourceTemplates(keys...)
+		},
 		func(x *mcp.ResourceTemplate) {
-			r.p.server.AddResourceTemplate(x, func(ctx context.Context, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-				return r.read(ctx, name, req)
-			})
+			r.p.server.AddResourceTemplate(x, refuseRead)
+			t := compileTemplate(x.URITemplate)
+			r.mu.Lock()
+			r.tmplCompiled[x.URITemplate] = t
+			r.mu.Unlock()
 		})
 }
 
 // mirrorByKey brings the gateway's server in line with an upstream's list
 // of resources or templates: what left it is removed, what is new is added
-// (a definition the SDK refuses is logged and forgotten).
+// (a definition the SDK refuses is logged and forgotten). defs keeps the
+// definitions the lists show.
 func mirrorByKey[T any](r *relay, name string, list []*T, kind string, key func(*T) string,
-	mirrored func(*upState) map[string]string, owners map[string]string,
+	mirrored func(*upState) map[string]string, owners map[string]string, defs map[string]*T,
 	remove func(keys ...string), add func(*T)) {
-	defs := map[string]any{}
+	all := map[string]any{}
 	byKey := map[string]*T{}
 	for _, x := range list {
 		if x != nil && key(x) != "" {
-			defs[key(x)], byKey[key(x)] = x, x
+			all[key(x)], byKey[key(x)] = x, x
 		}
 	}
 	r.mu.Lock()
 	st := r.upLocked(name)
-	added, removed := r.diffLocked(name, mirrored(st), owners, defs, kind)
+	added, removed := r.diffLocked(name, mirrored(st), owners, all, kind)
+	for _, k := range removed {
+		delete(defs, k)
+		delete(r.tmplCompiled, k)
+	}
 	r.mu.Unlock()
 	if len(removed) > 0 {
 		remove(removed...)
@@ -1280,8 +1362,17 @@ func mirrorByKey[T any](r *relay, name string, list []*T, kind string, key func(
 			r.mu.Lock()
 			delete(mirrored(st), k)
 			delete(owners, k)
+			delete(defs, k)
+			delete(r.tmplCompiled, k)
 			r.mu.Unlock()
+			continue
 		}
+		r.mu.Lock()
+		defs[k] = byKey[k]
+		r.mu.Unlock()
+	}
+	if len(added)+len(removed) > 0 {
+		r.p.lists.changed()
 	}
 }
 
@@ -1304,6 +1395,7 @@ func (r *relay) mirrorPrompts(name, prefix string, list []*mcp.Prompt) {
 	add, remove := r.diffLocked(name, st.prompts, owners, defs, "prompt")
 	for _, k := range remove {
 		delete(r.prompts, k)
+		delete(r.promptDef, k)
 	}
 	for _, k := range add {
 		r.prompts[k] = promptRef{upstream: name, name: k[len(prefix):]}
@@ -1313,18 +1405,23 @@ func (r *relay) mirrorPrompts(name, prefix string, list []*mcp.Prompt) {
 		r.p.server.RemovePrompts(remove...)
 	}
 	for _, visible := range add {
-		ref := promptRef{upstream: name, name: visible[len(prefix):]}
 		err := register(func() {
-			r.p.server.AddPrompt(byKey[visible], func(ctx context.Context, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
-				return r.getPrompt(ctx, ref, req)
+			r.p.server.AddPrompt(byKey[visible], func(context.Context, *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
+				return nil, unguarded("prompts/get")
 			})
 		})
+		r.mu.Lock()
 		if err != nil {
 			r.p.log.Warn("upstream prompt refused", "upstream", name, "prompt", visible, "err", err)
-			r.mu.Lock()
 			delete(st.prompts, visible)
 			delete(r.prompts, visible)
-			r.mu.Unlock()
+			delete(r.promptDef, visible)
+		} else {
+			r.promptDef[visible] = byKey[visible]
 		}
+		r.mu.Unlock()
+	}
+	if len(add)+len(remove) > 0 {
+		r.p.lists.changed()
 	}
 }

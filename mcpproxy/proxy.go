@@ -33,6 +33,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/authz"
@@ -64,6 +65,20 @@ type Options struct {
 	// SessionTimeout is how long a client session may stay idle before
 	// the gateway closes it; 0 means the default, SessionTimeout.
 	SessionTimeout time.Duration
+	// MaxSessionsPerCredential bounds the sessions one credential (one API
+	// key, one token; every anonymous client together) holds at a time;
+	// 0 means DefaultMaxSessionsPerCredential. See sessions.go.
+	MaxSessionsPerCredential int
+	// MaxSessions bounds the sessions of all clients together; 0 means
+	// DefaultMaxSessions.
+	MaxSessions int
+	// PageSize is how many items one page of tools/list, resources/list,
+	// resources/templates/list or prompts/list holds; 0 means
+	// DefaultPageSize.
+	PageSize int
+	// Registerer, when set, gets the proxy's own collectors:
+	// toolgate_auth_failures_total and toolgate_mcp_methods_refused_total.
+	Registerer prometheus.Registerer
 }
 
 // pathObserver is the optional Observer method that counts tools/call
@@ -128,38 +143,55 @@ var errUnauthorized = errors.New("unauthorized")
 
 // Identify maps an Authorization header to an identity: a known API key's
 // identity, a JWT or delegation token's (WithTokens), or the anonymous
-// identity when there is no header and one is configured. A wrong key or
-// token is refused even when anonymous access is on.
+// identity (marked Anonymous) when there is no header and one is
+// configured. A wrong key or token is refused even when anonymous access is
+// on. The error is an *AuthError saying why (AuthReason); it never holds
+// the credential.
 func (ids *Identities) Identify(authorization string) (gate.Identity, error) {
 	if authorization == "" {
 		if ids.anonymous != nil {
-			return *ids.anonymous, nil
+			id := *ids.anonymous
+			id.Anonymous = true
+			return id, nil
 		}
-		return gate.Identity{}, fmt.Errorf("%w: no credential (send Authorization: Bearer <api key>)", errUnauthorized)
+		return gate.Identity{}, authError(AuthMissing, nil, "no credential (send Authorization: Bearer <api key>)")
 	}
-	scheme, key, ok := strings.Cut(authorization, " ")
-	if !ok || !strings.EqualFold(scheme, "bearer") || key == "" {
-		return gate.Identity{}, fmt.Errorf("%w: the Authorization header must be Bearer <api key>", errUnauthorized)
+	key, ok := bearerToken(authorization)
+	if !ok {
+		return gate.Identity{}, authError(AuthMalformed, nil, "the Authorization header must be Bearer <api key>")
 	}
-	key = strings.TrimSpace(key)
 	sum := sha256.Sum256([]byte(key))
 	id, ok := ids.byKeyHash[hex.EncodeToString(sum[:])]
 	if !ok && ids.tokens != nil && strings.Count(key, ".") == 2 {
 		// JWT-shaped: a token, never the client's say (package identity).
 		tid, err := ids.tokens.Verify(key)
 		if err != nil {
-			return gate.Identity{}, fmt.Errorf("%w: %v", errUnauthorized, err)
+			return gate.Identity{}, authError(AuthInvalidToken, err, "%v", err)
 		}
 		return tid, nil
 	}
 	if !ok {
-		return gate.Identity{}, fmt.Errorf("%w: unknown API key", errUnauthorized)
+		return gate.Identity{}, authError(AuthUnknownKey, nil, "unknown API key")
 	}
 	return id, nil
 }
 
+// bearerToken returns the token of an Authorization header "Bearer TOKEN"
+// (the scheme in any case, the token trimmed); false if it is not one.
+func bearerToken(authorization string) (string, bool) {
+	scheme, key, ok := strings.Cut(authorization, " ")
+	key = strings.TrimSpace(key)
+	if !ok || !strings.EqualFold(scheme, "bearer") || key == "" {
+		return "", false
+	}
+	return key, true
+}
+
 // mirror is one upstream tool as the gateway's clients see it.
 type mirror struct {
+	// def is the definition tools/list shows (under the model-visible
+	// name).
+	def      *mcp.Tool
 	upstream string
 	name     string // the upstream's own name for the tool
 	id       string // canonical id
@@ -191,6 +223,11 @@ type Proxy struct {
 	fast *fastState
 	// fastCalls and sdkCalls count tools/call requests by path.
 	fastCalls, sdkCalls atomic.Uint64
+	// refused records failed authentication and refused methods
+	// (refusals.go).
+	refused *refusals
+	// lists pages the gateway's own lists (lists.go).
+	lists *lister
 }
 
 // CallPaths returns how many tools/call requests the fast path and the SDK
@@ -221,6 +258,11 @@ func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *P
 	p.ids.Store(ids)
 	p.relay = newRelay(p)
 	p.fast = newFastState()
+	p.lists = newLister(p.opts.PageSize)
+	p.refused = newRefusals(p.log, p.g.RecordEvent)
+	if p.opts.Registerer != nil {
+		p.opts.Registerer.MustRegister(p.refused.auth, p.refused.method)
+	}
 	version := p.opts.Version
 	if version == "" {
 		version = "dev"
@@ -240,15 +282,58 @@ func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *P
 	bound := auth.RequireBearerToken(func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 		return &auth.TokenInfo{UserID: tokenUserID(token), Expiration: time.Now().Add(24 * time.Hour)}, nil
 	}, nil)(sdk)
+	// A request without one (Settings.anonymous) is bound to the anonymous
+	// user, so that no credential's request can use an anonymous session
+	// either; anonymous clients are told apart by their session ids alone.
+	anonymous := auth.RequireBearerToken(func(context.Context, string, *http.Request) (*auth.TokenInfo, error) {
+		return &auth.TokenInfo{UserID: anonymousUserID, Expiration: time.Now().Add(24 * time.Hour)}, nil
+	}, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Del("Authorization")
+		sdk.ServeHTTP(w, r)
+	}))
 	p.handler = p.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "" {
 			bound.ServeHTTP(w, r)
 			return
 		}
-		sdk.ServeHTTP(w, r)
+		r.Header.Set("Authorization", "Bearer "+anonymousUserID) // removed before the SDK reads the request
+		anonymous.ServeHTTP(w, r)
 	}))
 	return p
 }
+
+// anonymousUserID is the SDK user every session without a credential is
+// bound to (auth.TokenInfo.UserID); no credential's key (tokenUserID) is
+// ever equal to it.
+const anonymousUserID = "anonymous"
+
+// FlushRefusals writes the summaries of refused authentications and
+// methods counted but not yet written (refusals.go); call it at shutdown,
+// before the audit log closes.
+func (p *Proxy) FlushRefusals() { p.refused.Flush() }
+
+// Authenticate identifies a request to another endpoint of the gateway
+// (via: "http" for the JSON API) as the MCP endpoint does, and records a
+// failure (log line, toolgate_auth_failures_total, gateway.auth.refused;
+// never the credential).
+func (p *Proxy) Authenticate(r *http.Request, via string) (gate.Identity, error) {
+	id, err := p.ids.Load().Identify(r.Header.Get("Authorization"))
+	if err != nil {
+		p.refused.authFailed(r, via, err)
+	}
+	return id, err
+}
+
+// AuthRefused records a failed authentication that the caller decided on
+// itself (a route that needs a credential even with Settings.anonymous);
+// err says why (AuthReason).
+func (p *Proxy) AuthRefused(r *http.Request, via string, err error) {
+	p.refused.authFailed(r, via, err)
+}
+
+// MissingCredential is the error of a route that needs a credential and
+// got none (AuthReason: AuthMissing).
+func MissingCredential(msg string) error { return authError(AuthMissing, nil, "%s", msg) }
 
 // Handler returns the HTTP handler to mount at /mcp.
 func (p *Proxy) Handler() http.Handler { return p.handler }
@@ -281,13 +366,15 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 		}
 		ident, err := ids.Identify(r.Header.Get("Authorization"))
 		if err != nil {
+			p.refused.authFailed(r, "mcp", err)
 			w.Header().Set("Connection", "close")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
 			writeRPCError(w, http.StatusUnauthorized, jsonrpc.CodeInvalidRequest, err.Error())
 			return
 		}
 		sid := r.Header.Get("Mcp-Session-Id")
-		done := p.begin(sid, r.Header.Get("Authorization"))
+		cred := credentialKey(r.Header.Get("Authorization"))
+		done := p.begin(sid, cred)
 		defer done()
 		if r.Method == http.MethodPost {
 			// A slow body cannot hold the connection: BodyReadTimeout for the
@@ -315,10 +402,21 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, "JSON-RPC batches are refused: send each request on its own so each is decided on its own (nothing in this batch was forwarded)")
 				return
 			}
-			env, msg := checkEnvelope(body)
-			if msg != "" {
-				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, msg)
+			env, err := parseEnvelope(body)
+			if err != nil {
+				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, err.Error())
 				return
+			}
+			if env.Method != nil && !clientMethods[*env.Method] {
+				p.refuseMethod(w, r, env)
+				return
+			}
+			if sid == "" && env.Method != nil && *env.Method == "initialize" {
+				release, ok := p.admitSession(w, cred)
+				if !ok {
+					return
+				}
+				defer release()
 			}
 			if sid != "" && p.serveFast(w, r, sid, env, ident) {
 				return
@@ -330,23 +428,19 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 	})
 }
 
-// checkEnvelope parses body as one JSON-RPC 2.0 message, or returns why it
-// is not one.
-func checkEnvelope(body []byte) (*envelope, string) {
-	env := new(envelope)
-	if !json.Valid(body) {
-		return nil, "the body is not valid JSON"
+// refuseMethod answers a message whose method the gateway does not serve
+// (clientMethods): a request gets method not found, a notification 400;
+// both are recorded.
+func (p *Proxy) refuseMethod(w http.ResponseWriter, r *http.Request, env *envelope) {
+	p.refused.methodRefused(r, "mcp", *env.Method)
+	msg := fmt.Sprintf("method %.128q is not one the gateway serves (toolgate serves the MCP methods of tools, resources, prompts, completion and logging, and nothing else)", *env.Method)
+	if !env.isRequest() {
+		writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeMethodNotFound, msg)
+		return
 	}
-	if err := json.Unmarshal(body, env); err != nil {
-		return nil, "the body is not a JSON-RPC object: " + err.Error()
-	}
-	if env.JSONRPC != "2.0" {
-		return nil, `the body is not JSON-RPC 2.0 (want "jsonrpc": "2.0")`
-	}
-	if env.Method == nil && (len(env.ID) == 0 || (env.Result == nil && env.Error == nil)) {
-		return nil, "the body is neither a request, a notification nor a response"
-	}
-	return env, ""
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	w.Write(errorMessage(env.ID, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: msg}))
 }
 
 // checkOrigin refuses a browser Origin that is neither loopback nor in
@@ -404,12 +498,30 @@ func loopbackOrigin(o string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// identify is the identity of an MCP request (Identify on its
+// Authorization header; an anonymous identity bound to its session).
 func (p *Proxy) identify(req mcp.Request) (gate.Identity, error) {
 	extra := req.GetExtra()
 	if extra == nil || extra.Header == nil {
 		return gate.Identity{}, fmt.Errorf("%w: no HTTP request context", errUnauthorized)
 	}
-	return p.ids.Load().Identify(extra.Header.Get("Authorization"))
+	id, err := p.ids.Load().Identify(extra.Header.Get("Authorization"))
+	if err != nil {
+		return id, err
+	}
+	return withSession(id, sessionID(req)), nil
+}
+
+// withSession binds an anonymous identity to the MCP session sid (a
+// digest of it: the id itself lets whoever holds it into the session, and
+// approvals show who asked); other identities are returned as they are.
+func withSession(id gate.Identity, sid string) gate.Identity {
+	if !id.Anonymous || sid == "" {
+		return id
+	}
+	sum := sha256.Sum256([]byte("toolgate anonymous session\x00" + sid))
+	id.Session = hex.EncodeToString(sum[:8])
+	return id
 }
 
 func unknownTool(name string) error {
@@ -419,55 +531,61 @@ func unknownTool(name string) error {
 func (p *Proxy) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		p.remember(req, method)
+		if !clientMethods[method] {
+			// The guard refused it already (envelope.go); fail closed if
+			// anything reaches the SDK another way.
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("method %.128q is not one the gateway serves", method)}
+		}
+		switch method {
+		case "initialize", "ping", "notifications/initialized", "notifications/cancelled",
+			"notifications/progress", "notifications/roots/list_changed", "resources/unsubscribe":
+			// The SDK's own, per session: nothing to decide or route.
+			return next(ctx, method, req)
+		}
+		id, err := p.identify(req)
+		if err != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
+		}
 		switch r := req.(type) {
 		case *mcp.ListToolsRequest:
-			id, err := p.identify(req)
-			if err != nil {
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
-			}
-			res, err := next(ctx, method, req)
-			if err != nil {
-				return res, err
-			}
-			if lr, ok := res.(*mcp.ListToolsResult); ok {
-				disc := p.g.Disclose(id)
-				kept := lr.Tools[:0:0]
-				for _, t := range lr.Tools {
-					if m, ok := p.lookup(t.Name); ok && disc.Disclosed[m.id] {
-						kept = append(kept, t)
-					}
-				}
-				out := *lr
-				out.Tools = kept
-				out.CacheScope = "private" // the list is this credential's, not everyone's
-				return &out, nil
-			}
-			return res, nil
+			return p.listTools(id, r)
 		case *mcp.CallToolRequest:
-			id, err := p.identify(req)
-			if err != nil {
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
-			}
 			return p.call(ctx, id, r, next, method)
+		case *mcp.ServerRequest[*mcp.SetLoggingLevelParams]:
+			return p.relay.handleSetLevel(ctx, id, method, r, next)
 		}
-		switch req.(type) {
-		case *mcp.ListResourcesRequest, *mcp.ListResourceTemplatesRequest, *mcp.ReadResourceRequest,
-			*mcp.SubscribeRequest, *mcp.ListPromptsRequest, *mcp.GetPromptRequest, *mcp.CompleteRequest:
-			id, err := p.identify(req)
-			if err != nil {
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
-			}
-			relayed := func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-				return p.relay.handle(ctx, method, req, next)
-			}
-			if res, err, handled := p.gatePassThrough(ctx, id, method, req, relayed); handled {
-				return res, err
-			}
+		if res, err, handled := p.passThrough(ctx, id, method, req, next); handled {
+			return res, err
 		}
-		// Everything but tools passes through (passthrough.go), within
-		// what the caller may reach (gating.go).
-		return p.relay.handle(ctx, method, req, next)
+		// A method in clientMethods that nothing above serves: refused
+		// rather than left to the SDK.
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("method %.128q is not one the gateway serves", method)}
 	}
+}
+
+// listTools answers tools/list with the tools disclosed to id: filtered,
+// then paged (lists.go).
+func (p *Proxy) listTools(id gate.Identity, r *mcp.ListToolsRequest) (mcp.Result, error) {
+	disc := p.disclose(id)
+	p.mu.Lock()
+	all := make([]mirror, 0, len(p.mirrors))
+	for _, m := range p.mirrors {
+		all = append(all, m)
+	}
+	p.mu.Unlock()
+	gen := p.lists.generation(p.g.Snapshot())
+	page, next, err := listPage(p.lists, "tools/list", sessionID(r), gen,
+		cursorOf(r.Params, func(p *mcp.ListToolsParams) string { return p.Cursor }), all,
+		func(m mirror) bool { return m.def != nil && disc.Disclosed[m.id] }, func(m mirror) string { return m.def.Name })
+	if err != nil {
+		return nil, err
+	}
+	out := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, len(page)), NextCursor: next}
+	for _, m := range page {
+		out.Tools = append(out.Tools, m.def)
+	}
+	out.CacheScope = "private" // the list is this credential's, not everyone's
+	return out, nil
 }
 
 func (p *Proxy) lookup(name string) (mirror, bool) {
@@ -518,7 +636,7 @@ func (p *Proxy) callTool(ctx context.Context, id gate.Identity, name string, arg
 	hold func(ctx context.Context, approvalID string, wait time.Duration) (bool, error)) (res *mcp.CallToolResult, raw json.RawMessage, err error) {
 	start := time.Now()
 	m, mirrored := p.lookup(name)
-	visible := mirrored && p.g.Disclose(id).Disclosed[m.id]
+	visible := mirrored && p.disclose(id).Disclosed[m.id]
 	req := gate.Request{Identity: id, Tool: name, Args: args, Via: "mcp"}
 	var (
 		out gate.Outcome
@@ -547,13 +665,16 @@ func (p *Proxy) callTool(ctx context.Context, id gate.Identity, name string, arg
 	}
 	d := out.Decision
 	if p.opts.Observer != nil {
-		observed := d
+		observed, took := d, time.Since(start)-cr.Duration
 		if !visible {
 			// Metrics are no oracle either: a hidden tool counts as an
-			// unknown one (the audit log has the real code).
+			// unknown one (the audit log has the real code), and its
+			// decision time (longer: it resolves a real tool) is not
+			// observed, so both land in the lowest bucket.
 			observed = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeUnknownTool, Layer: toolgate.LayerComposition, ToolName: name}
+			took = 0
 		}
-		p.opts.Observer.Decision("mcp", observed, time.Since(start)-cr.Duration)
+		p.opts.Observer.Decision("mcp", observed, took)
 	}
 	if !visible {
 		// Hidden and unknown tools look the same to the caller.
@@ -800,9 +921,10 @@ func (p *Proxy) SetTools(u *policy.Upstream, tools []*mcp.Tool, accepted []authz
 			continue
 		}
 		p.mu.Lock()
-		p.mirrors[name] = mirror{upstream: u.Name, name: t.Name, id: a.ID, typed: t.OutputSchema != nil}
+		p.mirrors[name] = mirror{def: mt, upstream: u.Name, name: t.Name, id: a.ID, typed: t.OutputSchema != nil}
 		p.mu.Unlock()
 	}
+	p.lists.changed()
 	// Refresh the upstream's mirrored resources and prompts (passthrough.go).
 	p.relay.upstreamChanged(u.Name, u.Prefix())
 }
@@ -854,7 +976,7 @@ func (p *Proxy) SetBuiltins(snap *authz.Snapshot, tools gate.Builtins) {
 		name := toolid.FunctionName(t.ID)
 		defs[name] = &mcp.Tool{Name: name, Description: desc, InputSchema: schema,
 			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: t.SideEffectClass <= toolgate.SideEffectRead}}
-		want[name] = mirror{id: t.ID, name: t.Builtin, builtin: t.Builtin}
+		want[name] = mirror{def: defs[name], id: t.ID, name: t.Builtin, builtin: t.Builtin}
 	}
 	p.mu.Lock()
 	var remove []string
@@ -883,4 +1005,5 @@ func (p *Proxy) SetBuiltins(snap *authz.Snapshot, tools gate.Builtins) {
 		p.mirrors[name] = m
 		p.mu.Unlock()
 	}
+	p.lists.changed()
 }

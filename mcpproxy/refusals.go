@@ -1,0 +1,245 @@
+package mcpproxy
+
+// Refused requests that never reach a decision — failed authentication,
+// methods the gateway does not serve — are logged, counted and audited,
+// without letting a flood fill the log or the audit log, and without
+// dropping any silently.
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/audit"
+)
+
+// Reasons of failed authentication: the reason label of
+// toolgate_auth_failures_total and the code of gateway.auth.refused.
+const (
+	// AuthMissing: no credential, and Settings.anonymous is not set (or
+	// the route needs a credential).
+	AuthMissing = "missing_credential"
+	// AuthMalformed: an Authorization header that is not "Bearer <key>".
+	AuthMalformed = "malformed_authorization"
+	// AuthUnknownKey: an API key no Credential document has.
+	AuthUnknownKey = "unknown_api_key"
+	// AuthInvalidToken: a JWT or delegation token that does not verify
+	// (expired, wrong issuer or audience, bad signature, revoked, ...).
+	AuthInvalidToken = "invalid_token"
+)
+
+// AuthFailuresTotal is the counter of failed authentications, by reason.
+const AuthFailuresTotal = "toolgate_auth_failures_total"
+
+// MethodsRefusedTotal is the counter of MCP messages refused because their
+// method is not one the gateway serves or relays, by direction
+// ("client" or "upstream").
+const MethodsRefusedTotal = "toolgate_mcp_methods_refused_total"
+
+// AuthError is a failed authentication: Reason is one of the Auth*
+// constants. It wraps errUnauthorized; its message never holds the
+// credential.
+type AuthError struct {
+	Reason string
+	msg    string
+	err    error
+}
+
+func (e *AuthError) Error() string { return e.msg }
+
+// Unwrap returns errUnauthorized and the verifier's error, if any.
+func (e *AuthError) Unwrap() []error { return []error{errUnauthorized, e.err} }
+
+func authError(reason string, err error, format string, args ...any) *AuthError {
+	return &AuthError{Reason: reason, msg: errUnauthorized.Error() + ": " + fmt.Sprintf(format, args...), err: err}
+}
+
+// AuthReason returns the reason of a failed authentication (an *AuthError
+// anywhere in err's chain), or AuthMissing when err says none.
+func AuthReason(err error) string {
+	var ae *AuthError
+	if errors.As(err, &ae) {
+		return ae.Reason
+	}
+	return AuthMissing
+}
+
+// RefusalWindow is how long the refusals of one kind, reason and source
+// address are summarized: the first is logged and audited at once, the
+// others of the window as one line and one event with their count and the
+// times of the first and the last. A variable for tests.
+var RefusalWindow = time.Minute
+
+// maxRefusalKeys bounds the (kind, reason, source) combinations summarized
+// at once; past it, refusals from new sources are summarized under the
+// source "other" (counted, never dropped).
+const maxRefusalKeys = 1024
+
+type refusalKey struct {
+	event  toolgate.EventType
+	reason string // AuthMissing..., or the refused method
+	source string // the client's IP address, or "other"
+	via    string // "mcp", "http", or "upstream:<name>"
+}
+
+type refusalWindow struct {
+	n           int // refusals after the first of the window
+	first, last time.Time
+	timer       *time.Timer
+}
+
+// refusals is the rate-limited recorder of one Proxy.
+type refusals struct {
+	log    *slog.Logger
+	record func(audit.Event) // nil: no audit log
+	auth   *prometheus.CounterVec
+	method *prometheus.CounterVec
+
+	mu   sync.Mutex
+	open map[refusalKey]*refusalWindow
+}
+
+func newRefusals(log *slog.Logger, record func(audit.Event)) *refusals {
+	r := &refusals{log: log, record: record, open: map[refusalKey]*refusalWindow{},
+		auth: prometheus.NewCounterVec(prometheus.CounterOpts{Name: AuthFailuresTotal,
+			Help: "Failed authentications on /mcp and the JSON API, by reason (missing_credential, malformed_authorization, unknown_api_key, invalid_token)."},
+			[]string{"reason"}),
+		method: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MethodsRefusedTotal,
+			Help: "MCP messages refused because the gateway does not serve or relay their method, by direction (client: sent by a client; upstream: sent by an upstream)."},
+			[]string{"direction"}),
+	}
+	for _, reason := range []string{AuthMissing, AuthMalformed, AuthUnknownKey, AuthInvalidToken} {
+		r.auth.WithLabelValues(reason)
+	}
+	r.method.WithLabelValues("client")
+	r.method.WithLabelValues("upstream")
+	return r
+}
+
+// sourceOf is the client's address without its port.
+func sourceOf(r *http.Request) string {
+	if r == nil {
+		return ""
+	}
+	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return h
+	}
+	return r.RemoteAddr
+}
+
+// authFailed records one failed authentication of request r, answered on
+// via ("mcp" or "http").
+func (rf *refusals) authFailed(r *http.Request, via string, err error) {
+	reason := AuthReason(err)
+	rf.auth.WithLabelValues(reason).Inc()
+	rf.note(refusalKey{event: toolgate.EventAuthRefused, reason: reason, source: sourceOf(r), via: via})
+}
+
+// methodRefused records one refused method: from a client (r set, via
+// "mcp") or an upstream (r nil, via "upstream:<name>").
+func (rf *refusals) methodRefused(r *http.Request, via, method string) {
+	dir := "client"
+	if r == nil {
+		dir = "upstream"
+	}
+	rf.method.WithLabelValues(dir).Inc()
+	rf.note(refusalKey{event: toolgate.EventMethodRefused, reason: clipName(method), source: sourceOf(r), via: via})
+}
+
+func clipName(s string) string {
+	if len(s) <= 128 {
+		return s
+	}
+	return fmt.Sprintf("%.128s…[%d bytes]", s, len(s))
+}
+
+// note writes the first refusal of a window at once and counts the rest.
+func (rf *refusals) note(k refusalKey) {
+	now := time.Now()
+	rf.mu.Lock()
+	w := rf.open[k]
+	if w == nil && len(rf.open) >= maxRefusalKeys {
+		k.source = "other"
+		w = rf.open[k]
+	}
+	if w != nil {
+		if w.n == 0 {
+			w.first = now
+		}
+		w.n++
+		w.last = now
+		rf.mu.Unlock()
+		return
+	}
+	w = &refusalWindow{}
+	rf.open[k] = w
+	w.timer = time.AfterFunc(RefusalWindow, func() { rf.flush(k, w) })
+	rf.mu.Unlock()
+	rf.emit(k, 1, now, now)
+}
+
+// flush ends key k's window w, writing the summary of what it counted.
+func (rf *refusals) flush(k refusalKey, w *refusalWindow) {
+	rf.mu.Lock()
+	if rf.open[k] != w {
+		rf.mu.Unlock()
+		return
+	}
+	delete(rf.open, k)
+	n, first, last := w.n, w.first, w.last
+	rf.mu.Unlock()
+	if n > 0 {
+		rf.emit(k, n, first, last)
+	}
+}
+
+// Flush writes the summaries of every open window now (at shutdown, so
+// that nothing counted is lost).
+func (rf *refusals) Flush() {
+	rf.mu.Lock()
+	open := rf.open
+	rf.open = map[refusalKey]*refusalWindow{}
+	rf.mu.Unlock()
+	for k, w := range open {
+		w.timer.Stop()
+		if w.n > 0 {
+			rf.emit(k, w.n, w.first, w.last)
+		}
+	}
+}
+
+// emit writes one log line and one audit event for n refusals of key k
+// between first and last.
+func (rf *refusals) emit(k refusalKey, n int, first, last time.Time) {
+	var what, msg string
+	switch k.event {
+	case toolgate.EventAuthRefused:
+		what = "authentication refused"
+		msg = fmt.Sprintf("authentication refused on %s from %s: %s", k.via, k.source, k.reason)
+	default:
+		what = "method refused"
+		msg = fmt.Sprintf("%s refused on %s from %s: the gateway does not serve or relay this method", k.reason, k.via, k.source)
+	}
+	if n > 1 {
+		msg = fmt.Sprintf("%s (%d times between %s and %s)", msg, n, first.UTC().Format(time.RFC3339Nano), last.UTC().Format(time.RFC3339Nano))
+	}
+	rf.log.Warn(what, "reason", k.reason, "source", k.source, "via", k.via, "count", n,
+		"first", first.UTC().Format(time.RFC3339Nano), "last", last.UTC().Format(time.RFC3339Nano))
+	if rf.record == nil {
+		return
+	}
+	code := k.reason
+	if k.event == toolgate.EventMethodRefused {
+		code = "method_not_found"
+	}
+	rf.record(audit.Event{EventType: string(k.event), OccurredAt: first, Verdict: toolgate.Deny.String(), Code: code,
+		Reason: msg, Details: map[string]any{"reason": k.reason, "source": k.source, "via": k.via, "count": n,
+			"first": first.UTC().Format(time.RFC3339Nano), "last": last.UTC().Format(time.RFC3339Nano)}})
+}
