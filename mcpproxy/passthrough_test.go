@@ -567,16 +567,18 @@ func TestPassThroughRouting(t *testing.T) {
 // templates and completions are routed to the upstream that owns them.
 func TestPassThroughTwoUpstreams(t *testing.T) {
 	ev := testenv.StartEverythingServer(t, "")
-	url := serveProxy(t, bundleFor(evUpstream(ev.URL)+npmUpstream(t)))
+	// Beside another upstream, each needs a prefix of its own.
+	evPrefixed := fmt.Sprintf("- kind: Upstream\n  name: ev\n  transport: streamable-http\n  url: %s\n  tool_prefix: ev_\n", ev.URL)
+	url := serveProxy(t, bundleFor(evPrefixed+npmUpstream(t)))
 	gw := connectClient(t, url, testKeys[0], declare{}).cs
 	ctx := context.Background()
 	waitFor(t, "the prompts of both upstreams", func() bool {
 		names := promptNames(t, gw)
-		return slices.Contains(names, "npm_simple-prompt") && slices.Contains(names, "test_simple_prompt")
+		return slices.Contains(names, "npm_simple-prompt") && slices.Contains(names, "ev_test_simple_prompt")
 	})
 
 	prompts := []struct{ name, want string }{
-		{"test_simple_prompt", "This is a simple prompt for testing."},
+		{"ev_test_simple_prompt", "This is a simple prompt for testing."},
 		{"npm_simple-prompt", "This is a simple prompt without arguments."},
 	}
 	for _, tc := range prompts {

@@ -122,16 +122,15 @@ func (v *validator) upstreams() {
 			case p == q:
 				v.r.Errorf(u.Pos, "Upstream %s: tool_prefix %q is also upstream %s's; the names the model sees would clash", u.Name, p, prev.Name)
 			case p == "" || q == "":
-				// An empty prefix is a deliberate choice to show an
-				// upstream's own names; that its names may then look like
-				// the other's is said, not refused (a name two upstreams'
-				// tools share is refused when they announce it).
+				// An empty prefix starts every other: any of its tools may
+				// be named like one of the other upstream's (an upstream
+				// with an empty prefix could shadow another's tools).
 				empty, other := u, prev
 				if q == "" {
 					empty, other = prev, u
 				}
-				v.r.Warnf(u.Pos, "Upstream %s: its tool_prefix is empty, so any of its tool names may start with upstream %s's %q and read as one of %s's; give it a prefix of its own",
-					empty.Name, other.Name, other.Prefix(), other.Name)
+				v.r.Errorf(u.Pos, "Upstream %s: its tool_prefix is empty beside upstream %s, so any of its tool names may start with %s's %q and read as one of %s's; give it a prefix of its own (an empty prefix is for a gateway with one upstream)",
+					empty.Name, other.Name, other.Name, other.Prefix(), other.Name)
 			case nestedPrefix(p, q):
 				// fs_ and fs_x_: fs_x_read is both fs's x_read and
 				// fs_x's read, so a name of one can reach the other.

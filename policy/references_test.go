@@ -247,7 +247,7 @@ var referenceCases = []validateCase{
 `)},
 	{name: "an empty tool prefix beside another", files: one("u.yaml", `
 - {kind: Upstream, name: gh, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
-- {kind: Upstream, name: raw, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: ""}   # want warning "Upstream raw: its tool_prefix is empty, so any of its tool names may start with upstream gh's \"gh_\""
+- {kind: Upstream, name: raw, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: ""}   # want error "Upstream raw: its tool_prefix is empty beside upstream gh"
 `)},
 	{name: "nested tool prefixes declared the other way round", files: one("u.yaml", `
 - {kind: Upstream, name: fsx, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: fs_x_}
