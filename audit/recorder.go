@@ -344,13 +344,17 @@ func (r *Recorder) admitLocked() error {
 	switch {
 	case r.closed:
 		return ErrClosed
+	case r.fullLocked(1):
+		cause := ""
+		if r.err != nil {
+			cause = fmt.Sprintf(" (%v)", r.err)
+		}
+		return fmt.Errorf("%w: %d events (%d bytes) wait for the store%s, the most allowed (%d events, %d bytes); new calls are refused until it drains",
+			ErrBacklogFull, len(r.queued), r.queuedBytes, cause, r.opts.MaxQueued, r.opts.MaxQueuedBytes)
 	case r.stalled:
 		return fmt.Errorf("%w: %v", ErrStalled, r.stallErr)
 	case r.err != nil:
 		return fmt.Errorf("%w: %w", ErrUnavailable, r.err)
-	case r.fullLocked(1):
-		return fmt.Errorf("%w: %d events (%d bytes) wait for the store, the most allowed (%d events, %d bytes); new calls are refused until it drains",
-			ErrBacklogFull, len(r.queued), r.queuedBytes, r.opts.MaxQueued, r.opts.MaxQueuedBytes)
 	}
 	return nil
 }
