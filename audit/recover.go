@@ -159,9 +159,9 @@ const recoverPage = 1000
 //  2. It finds the calls that run left without an outcome: each
 //     agent.tool.authorized allow with no later agent.tool.completed,
 //     agent.tool.failed or agent.tool.outcome_unknown naming it as its
-//     causation_id, and no internal_error refusal caused by it (the gate
-//     refused the call after all when the allow's record could not be
-//     confirmed). Allows that toolgate does not run are left out: those
+//     causation_id, and no internal_error refusal naming it (details
+//     refused_allow_event_id: the gate refused the call after all when the
+//     allow's record could not be confirmed). Allows that toolgate does not run are left out: those
 //     decided only (details decide_only, the JSON API's /v1/decide) and
 //     those of the CLI's call command (details via "cli"), whose process
 //     is not the gateway's.
@@ -327,7 +327,9 @@ scan:
 
 // closes reports whether ev settles the allow named by its causation_id: a
 // completion, a failure, an outcome_unknown, or the gate's internal_error
-// refusal of a call whose allow record it could not confirm.
+// refusal of a call whose allow record it could not confirm, which names
+// the allow in details refused_allow_event_id as well (a causation_id
+// alone may come from the caller: it cannot settle another call).
 func closes(ev Event) bool {
 	if ev.CausationID == "" {
 		return false
@@ -336,7 +338,7 @@ func closes(ev Event) bool {
 	case toolgate.EventCompleted, toolgate.EventFailed, toolgate.EventOutcomeUnknown:
 		return true
 	case toolgate.EventUnauthorized:
-		return ev.Code == string(toolgate.CodeInternalError) && ev.Layer == string(toolgate.LayerInternal)
+		return ev.Code == string(toolgate.CodeInternalError) && ev.Details["refused_allow_event_id"] == ev.CausationID
 	}
 	return false
 }

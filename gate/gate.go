@@ -206,6 +206,11 @@ type Outcome struct {
 	EventID string
 	// Started is when the decision was made.
 	Started time.Time
+	// refusedAllow is the event id of an allow whose record may still be
+	// written although the call was refused (Authorize): the refusal's
+	// event names it (causation_id, details refused_allow_event_id), so a
+	// restart does not mark that call outcome_unknown.
+	refusedAllow string
 }
 
 // ErrAuditUnavailable is wrapped when the audit log cannot make an allow
@@ -267,7 +272,7 @@ func (g *Gate) Authorize(ctx context.Context, req Request) Outcome {
 			if errors.Is(err, audit.ErrMaybeWritten) {
 				// The allow may still reach the log: the refusal names it,
 				// so the log shows the call did not run.
-				req.CausationID = out.EventID
+				req.CausationID, out.refusedAllow = out.EventID, out.EventID
 			}
 			g.record(ctx, req, &out, false)
 		}
@@ -424,11 +429,16 @@ func (g *Gate) event(req Request, out *Outcome) audit.Event {
 	if req.Via != "" {
 		ev.Details = map[string]any{"via": req.Via}
 	}
-	if req.DecideOnly {
+	if req.DecideOnly || out.refusedAllow != "" {
 		if ev.Details == nil {
 			ev.Details = map[string]any{}
 		}
-		ev.Details["decide_only"] = true
+		if req.DecideOnly {
+			ev.Details["decide_only"] = true
+		}
+		if out.refusedAllow != "" {
+			ev.Details["refused_allow_event_id"] = out.refusedAllow
+		}
 	}
 	ev.Details = delegationDetails(req.Identity, ev.Details)
 	return ev

@@ -195,3 +195,58 @@ func TestDecideOnlyIsMarked(t *testing.T) {
 		t.Errorf("outcome_unknown %+v; want one, for the allow without decide_only (%s)", rep.OutcomeUnknown, runs.EventID)
 	}
 }
+
+// TestStalledAllowIsRefusedAndNamed: when the append holding an allow
+// stalls (a frozen file system), the call is refused with internal_error
+// at the stall threshold, not run; the allow may still reach the log, so
+// the refusal names it (causation_id and details refused_allow_event_id),
+// and a restart does not mark that call outcome_unknown.
+func TestStalledAllowIsRefusedAndNamed(t *testing.T) {
+	ctx := context.Background()
+	fs := storetest.MountExt4(t, 32<<20)
+	g, st, rec := newRecordGate(t, filepath.Join(fs.Dir, "toolgate.db"), &audit.RecorderOptions{StallAfter: 300 * time.Millisecond})
+	if out := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`)}); !out.Decision.Allowed() {
+		t.Fatalf("before the freeze: %+v", out.Decision)
+	}
+	fs.Freeze(t)
+	out := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{"n":1}`), CausationID: "req-1"})
+	fs.Thaw(t)
+	if d := out.Decision; d.Code != toolgate.CodeInternalError || !strings.Contains(d.Reason, "stopped answering") {
+		t.Fatalf("allow in a stalled append: %s %q; want internal_error saying the store stopped answering", d.Code, d.Reason)
+	}
+	if err := rec.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := audit.ReadEvents(ctx, st, 1, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allow, refusal *audit.Event
+	for i, e := range evs {
+		if e.CorrelationID != out.CorrelationID {
+			continue
+		}
+		switch e.EventType {
+		case string(toolgate.EventAuthorized):
+			allow = &evs[i]
+		case string(toolgate.EventUnauthorized):
+			refusal = &evs[i]
+		}
+	}
+	if refusal == nil {
+		t.Fatal("the refusal is not in the log")
+	}
+	if allow != nil && (refusal.CausationID != allow.EventID || refusal.Details["refused_allow_event_id"] != allow.EventID) {
+		t.Errorf("refusal causation %q details %v; want both naming the allow %s", refusal.CausationID, refusal.Details, allow.EventID)
+	}
+	rep, err := audit.Recover(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range rep.OutcomeUnknown {
+		if u.CorrelationID == out.CorrelationID {
+			t.Errorf("the refused call was marked outcome_unknown: %+v", u)
+		}
+	}
+	t.Logf("allow written: %v", allow != nil)
+}

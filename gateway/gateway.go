@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -177,7 +178,16 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	}
 	gw.Metrics = metrics.New(nil)
 	sinks = append(sinks, gw.Metrics.AuditSink())
-	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks})
+	// A sink that fails or falls behind (its queue is full) never fails a
+	// call: the store has every event. It is not silent either: logged, at
+	// most once a second.
+	var sinkLogged atomic.Int64
+	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks, OnSinkError: func(_ audit.Sink, err error) {
+		now, last := time.Now().UnixNano(), sinkLogged.Load()
+		if now-last >= int64(time.Second) && sinkLogged.CompareAndSwap(last, now) {
+			log.Warn("audit event sink: events not delivered to it (the audit log has them)", "err", err)
+		}
+	}})
 	bt, err := builtins.Open(ctx, b, cfg.BundleDir)
 	if err != nil {
 		return fmt.Errorf("built-in tools: %w", err)
