@@ -522,3 +522,98 @@ func TestReadyzWhileStoreStalls(t *testing.T) {
 	tx.Rollback()
 	storetest.WaitFor(t, 30*time.Second, "/readyz to be 200 again", func() bool { return readyz(t, g) == 200 })
 }
+
+// rssKiB returns the resident set size of process pid, in KiB.
+func rssKiB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kb int
+			fmt.Sscanf(strings.TrimSpace(rest), "%d", &kb)
+			return kb
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// TestFloodWhileStoreDownStaysBounded is finding 12 through a real gateway
+// process: a key holder calls a tool it cannot see in a loop while the
+// store cannot write. The gateway's memory stays bounded (it grew by
+// 300 MiB before), and once the store writes again every call is in the
+// log: one by one, or counted in the one audit.backlog_overflow summary.
+func TestFloodWhileStoreDownStaysBounded(t *testing.T) {
+	storetest.RequireRoot(t) // chattr +i
+	e := newCrashEnv(t)
+	p := e.start(t)
+	cs := connect(t, p.url+"/mcp", crashKey)
+	listNames(t, cs, 2)
+	db := filepath.Join(e.data, gateway.DBFile)
+	for _, f := range []string{db, db + "-wal"} {
+		if out, err := exec.Command("chattr", "+i", f).CombinedOutput(); err != nil {
+			t.Fatalf("chattr +i %s: %v %s", f, err, out)
+		}
+		t.Cleanup(func() { exec.Command("chattr", "-i", f).Run() })
+	}
+	before := rssKiB(t, p.cmd.Process.Pid)
+	const workers, each = 16, 2500 // 40,000 calls: four times the queue's bound
+	reason := strings.Repeat("y", 2000)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "rec_hidden", Arguments: map[string]any{"n": w*each + i, "pad": reason}})
+				cancel()
+				if err == nil {
+					t.Errorf("a call of a tool that does not exist succeeded")
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	grown := rssKiB(t, p.cmd.Process.Pid) - before
+	t.Logf("RSS grew by %d MiB over %d calls", grown>>10, workers*each)
+	// The bounded queue holds at most 8 MiB of events (about 2.5 KiB each
+	// here, so 3,300 of them); unbounded, 40,000 would hold over 100 MiB.
+	if grown > 80<<10 {
+		t.Errorf("the gateway's RSS grew by %d MiB during the flood; want it bounded", grown>>10)
+	}
+	for _, f := range []string{db, db + "-wal"} {
+		if out, err := exec.Command("chattr", "-i", f).CombinedOutput(); err != nil {
+			t.Fatalf("chattr -i %s: %v %s", f, err, out)
+		}
+	}
+	var evs []audit.Event
+	storetest.WaitFor(t, 60*time.Second, "the overflow summary to be written", func() bool {
+		evs = readLog(t, e.data)
+		for _, ev := range evs {
+			if ev.EventType == "audit.backlog_overflow" {
+				return true
+			}
+		}
+		return false
+	})
+	seen, counted, summaries := 0, 0, 0
+	for _, ev := range evs {
+		switch {
+		case ev.EventType == "agent.tool.unauthorized" && ev.ToolName == "rec_hidden":
+			seen++
+		case ev.EventType == "audit.backlog_overflow":
+			summaries++
+			var n int
+			fmt.Sscan(fmt.Sprint(ev.Details["count"]), &n)
+			counted += n
+		}
+	}
+	if summaries != 1 || seen+counted != workers*each {
+		t.Errorf("%d calls recorded one by one, %d counted in %d summaries; want all %d, in one summary", seen, counted, summaries, workers*each)
+	}
+}
