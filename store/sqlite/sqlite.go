@@ -19,6 +19,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -267,7 +268,14 @@ func openReadOnly(path string, o Options) (*Store, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
-	db, err := sql.Open("sqlite", fmt.Sprintf("file:%s?mode=ro&_busy_timeout=%d", path, o.BusyTimeout.Milliseconds()))
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	// A URI filename (mode=ro needs one), its path percent-escaped so that
+	// '#', '%' and '&' in folder names name the file they say.
+	uri := (&url.URL{Scheme: "file", Path: abs}).String()
+	db, err := sql.Open("sqlite", fmt.Sprintf("%s?mode=ro&_busy_timeout=%d", uri, o.BusyTimeout.Milliseconds()))
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}

@@ -273,3 +273,35 @@ func TestOpenReadOnly(t *testing.T) {
 		t.Error("read-only Open created a file")
 	}
 }
+
+// TestOpenReadOnlyOddPaths: the read-only open names its file with a URI
+// (mode=ro needs one); characters that mean something in a URI must still
+// name the file they say, never another (empty) database.
+func TestOpenReadOnlyOddPaths(t *testing.T) {
+	for _, name := range []string{"a#b", "a%20b", "a%", "a b", "a&mode=rw", "ä;b"} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := filepath.Join(t.TempDir(), name)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "toolgate.db")
+			w := open(t, path)
+			if _, err := w.AppendEvents(ctx, []audit.Event{{EventID: "e1"}}); err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			r, err := sqlite.Open(path, &sqlite.Options{ReadOnly: true})
+			if err != nil {
+				t.Fatalf("read-only Open: %v", err)
+			}
+			defer r.Close()
+			if rep, err := audit.Verify(ctx, r); err != nil || !rep.OK || rep.Checked != 1 {
+				t.Errorf("Verify through the read-only store = %+v, %v; want the log written (1 record)", rep, err)
+			}
+			if _, err := r.AppendEvents(ctx, []audit.Event{{EventID: "e2"}}); err == nil {
+				t.Error("AppendEvents through the read-only store succeeded")
+			}
+		})
+	}
+}
