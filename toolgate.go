@@ -156,6 +156,23 @@ const (
 	// is not one the gateway serves or relays (method not found): the
 	// method, the source address and how many such refusals it stands for.
 	EventMethodRefused EventType = "gateway.method.refused"
+	// EventOutcomeUnknown marks an allowed call whose completion was never
+	// recorded because the gateway stopped (crashed, was killed) first: the
+	// call may or may not have run. Its causation_id is the allow's
+	// event_id; it is written when the gateway starts again.
+	EventOutcomeUnknown EventType = "agent.tool.outcome_unknown"
+	// EventGatewayStarted is written when a gateway starts, before it takes
+	// calls: the start of a run, from which the next start looks for calls
+	// left without an outcome.
+	EventGatewayStarted EventType = "gateway.started"
+	// EventAuditStoreFailed records that the audit store could not write,
+	// with the error and when it began; it is written once the store can
+	// write again, before the events accepted during the failure.
+	EventAuditStoreFailed EventType = "audit.store_failed"
+	// EventAuditBacklogOverflow summarizes the refusals that were answered
+	// while the audit backlog was full and so could not be recorded one by
+	// one: how many, the first and last time, and their event types.
+	EventAuditBacklogOverflow EventType = "audit.backlog_overflow"
 )
 
 // SideEffectClass orders what a tool may do to the world:

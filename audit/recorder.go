@@ -4,17 +4,38 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/toolgate/toolgate"
 )
 
 // RecorderOptions tunes a Recorder. The zero value (or nil) is valid; zero
 // fields take the documented defaults.
 type RecorderOptions struct {
 	// MaxBatch is the most events written in one store transaction.
-	// Default 512.
+	// Default 512. Events that must be durable before their caller goes on
+	// (Record) are taken into the next transaction ahead of a backlog of
+	// queued ones, so an allow never waits behind more than one batch.
 	MaxBatch int
+	// MaxQueued and MaxQueuedBytes bound the events accepted but not yet
+	// written (the backlog that builds while the store fails or stalls):
+	// at most MaxQueued events (default 10,000) and MaxQueuedBytes of their
+	// encoded size (default 8 MiB). When either is reached, Admit and
+	// Record refuse at once (ErrBacklogFull) and RecordOrQueue counts the
+	// event in a summary instead of queueing it (see the Recorder doc).
+	// Enqueue (completions of calls already running, gateway lifecycle
+	// events) may go up to twice these bounds before it counts too.
+	MaxQueued      int
+	MaxQueuedBytes int
+	// StallAfter is how long one store append may run before the store
+	// counts as stalled: Health reports it (a gateway's /readyz turns 503),
+	// Admit and Record refuse at once (ErrStalled), callers already waiting
+	// in Record get ErrStalled, and RecordOrQueue stops waiting and leaves
+	// its event queued. Default 2 s.
+	StallAfter time.Duration
 	// Sinks receive every committed batch, in commit order, after it is
 	// durable. Each sink has its own goroutine and queue: a slow or failing
 	// sink never delays or fails Record.
@@ -28,17 +49,17 @@ type RecorderOptions struct {
 	// goroutine) and each overflow (from the writer goroutine, so it must
 	// not block: it would delay the next commit).
 	OnSinkError func(s Sink, err error)
-	// Now is the clock used to fill an event's zero OccurredAt.
-	// Default time.Now.
+	// Now is the clock used to fill an event's zero OccurredAt and to time
+	// stalls and overflows. Default time.Now.
 	Now func() time.Time
 	// NewEventID makes the id of an event whose EventID is empty.
 	// Default NewEventID (random UUID).
 	NewEventID func() string
 	// RetryMin and RetryMax bound the exponential backoff between attempts
 	// to write queued events while the store is failing. Defaults 50 ms and
-	// 5 s. A Record or Flush call always triggers an attempt at once.
+	// 5 s. A Flush or Close call triggers an attempt at once.
 	RetryMin, RetryMax time.Duration
-	// WriteTimeout bounds one store append. Default 30 s.
+	// WriteTimeout bounds one store append (its context). Default 30 s.
 	WriteTimeout time.Duration
 	// EnqueueLinger is how long an enqueued event may wait for company
 	// before a write is started for it: a Record in that window takes it
@@ -47,6 +68,13 @@ type RecorderOptions struct {
 	// means write at once.
 	EnqueueLinger time.Duration
 }
+
+// Defaults of RecorderOptions.
+const (
+	DefaultMaxQueued      = 10_000
+	DefaultMaxQueuedBytes = 8 << 20
+	DefaultStallAfter     = 2 * time.Second
+)
 
 // Sink receives committed events, for example to stream them to a log
 // shipper. Write is called with batches in commit order, never concurrently
@@ -60,10 +88,63 @@ type Sink interface {
 // a batch is dropped for it.
 var ErrSinkOverflow = errors.New("audit: sink queue full; batch dropped for this sink")
 
+// Errors of Admit and Record: the Recorder cannot take an event that must be
+// durable now, so the caller refuses what it was about to do. Each is
+// answered at once, never after waiting on the store.
+var (
+	// ErrUnavailable: the last store append failed (the error wraps it);
+	// queued events are retried in the background.
+	ErrUnavailable = errors.New("audit: the audit store cannot write")
+	// ErrStalled: a store append has run longer than StallAfter.
+	ErrStalled = errors.New("audit: the audit store has stopped answering")
+	// ErrBacklogFull: MaxQueued or MaxQueuedBytes is reached.
+	ErrBacklogFull = errors.New("audit: the audit backlog is full")
+	// ErrMaybeWritten is wrapped by a Record error when the event was
+	// already in a store append that had not finished: it may still be
+	// written, so a refusal recorded after it should name it (causation_id).
+	ErrMaybeWritten = errors.New("it may still be written")
+)
+
+// Disposition says what RecordOrQueue did with an event.
+type Disposition uint8
+
+const (
+	// Durable: the event was written before RecordOrQueue returned.
+	Durable Disposition = iota
+	// Queued: the store was failing, stalled or slower than the caller's
+	// ctx; the event is queued and written once the store can (or spilled
+	// at Close, see Unwritten).
+	Queued
+	// Counted: the backlog was full; the event is counted in the next
+	// audit.backlog_overflow summary instead of being kept.
+	Counted
+	// Lost: the Recorder was closed; the event is not recorded.
+	Lost
+)
+
+// String returns "durable", "queued", "counted" or "lost".
+func (d Disposition) String() string {
+	switch d {
+	case Durable:
+		return "durable"
+	case Queued:
+		return "queued"
+	case Counted:
+		return "counted"
+	default:
+		return "lost"
+	}
+}
+
 // RecorderStats is a snapshot of a Recorder's counters.
 type RecorderStats struct {
 	// Pending is the number of events accepted but not yet durable.
 	Pending int
+	// QueuedBytes is the encoded size of the queued events, in bytes.
+	QueuedBytes int
+	// Overflowed is how many events are counted for the next
+	// audit.backlog_overflow summary (not yet written).
+	Overflowed uint64
 	// Committed is the number of events written since the Recorder started.
 	Committed uint64
 	// Batches is the number of store transactions that committed.
@@ -74,27 +155,46 @@ type RecorderStats struct {
 	SinkDropped uint64
 	// SinkErrors is the number of sink writes that failed.
 	SinkErrors uint64
+	// Stalled is true while a store append has run longer than StallAfter.
+	Stalled bool
 	// Err is the last store error, nil once an append succeeds again.
 	Err error
 }
 
 // Recorder writes events to a Store with group commit.
 //
-// Record is for events that must be durable before the caller goes on (an
-// allow decision, before the tool runs): concurrent Record calls share one
-// store transaction, so N callers pay for one fsync. Enqueue is for events
-// that must not delay the answer (denials): it returns at once and the same
-// writer commits the event with the next batch.
+// Three ways in, by what the caller needs:
 //
-// Queueing: Enqueue's queue is an unbounded in-memory FIFO; nothing is ever
-// dropped while the process lives. While the store fails, queued events stay
-// at the front of the queue and are retried with exponential backoff, and
-// Err reports the failure so the gateway can report not-ready and deny. A
-// crash loses what was queued and not yet committed (the answer to a denied
-// call never depends on it); Record'ed events are never lost once Record
-// returned nil.
+//   - Record: durable before the caller goes on (an allow decision, before
+//     the tool runs). Concurrent calls share one store transaction, so N
+//     callers pay for one fsync. While the store fails or stalls, or the
+//     backlog is full, it answers at once with an error (ErrUnavailable,
+//     ErrStalled, ErrBacklogFull) and the caller refuses the call; it never
+//     waits behind a failing store. Admit asks the same question without
+//     an event, before anything is decided.
+//   - RecordOrQueue: durable before the answer when the store is healthy
+//     (a denial: the same group commit, the same fsync as the allows);
+//     while it fails or stalls, queued at once instead.
+//   - Enqueue: queued, never waiting (a completion: it rides along with the
+//     next transaction, so it adds no fsync to a call).
 //
-// A Recorder is safe for concurrent use. Close it to drain the queue.
+// The queue is bounded (MaxQueued events, MaxQueuedBytes). While the store
+// fails, queued events stay at the front and are retried with exponential
+// backoff; the first failure also queues an audit.store_failed event
+// (written with them on recovery), and Err and Health report the failure so
+// the gateway reports not-ready and denies. When the queue is full, an
+// event RecordOrQueue cannot keep is counted, never silently dropped: once
+// the store writes again and the queue has drained to half, one
+// audit.backlog_overflow event records how many, the first and last time
+// and their types.
+//
+// A crash loses what was queued and not yet written: completions (the
+// gateway marks their calls outcome_unknown at its next start, see
+// Recover) and what was queued while the store failed. Record'ed events
+// are never lost once Record returned nil. Close writes the queue, and when
+// it must give up, Unwritten returns what is left for the caller to spill.
+//
+// A Recorder is safe for concurrent use.
 type Recorder struct {
 	store Store
 	opts  RecorderOptions
@@ -104,17 +204,29 @@ type Recorder struct {
 
 	mu           sync.Mutex
 	durable      []*waiter
-	queued       []Event
-	queuedAdmit  []uint64 // admission order of queued, same length
+	queued       []item
+	queuedBytes  int
 	nextAdmit    uint64
 	closed       bool
 	force        bool // attempt at once even while failing (Flush asked)
 	err          error
+	failedAt     time.Time
 	durAdmitted  uint64
 	durResolved  uint64
 	enqAdmitted  uint64
 	enqCommitted uint64
 	progress     chan struct{}
+	overflow     overflowCount
+	unwritten    []Event
+
+	// Stall detection: writeGen counts appends; stalled is set by a timer
+	// when append writeGen runs longer than StallAfter, and stallCh is
+	// closed (and replaced) then, waking the callers waiting on it.
+	writing  bool
+	writeGen uint64
+	stalled  bool
+	stallCh  chan struct{}
+	stallErr error
 
 	committed, batches, failures atomic.Uint64
 
@@ -127,6 +239,24 @@ type Recorder struct {
 	sinkCancel  context.CancelFunc
 	closeOnce   sync.Once
 	closeErr    error
+}
+
+// item is a queued event.
+type item struct {
+	ev    Event
+	admit uint64
+	size  int
+	// notify, when set, is RecordOrQueue's caller waiting: it receives nil
+	// once the event is durable or the error of the first failed attempt
+	// (then it is set to nil; the event stays queued).
+	notify chan error
+}
+
+// overflowCount is what the next audit.backlog_overflow summary reports.
+type overflowCount struct {
+	n           uint64
+	first, last time.Time
+	byType      map[string]uint64
 }
 
 // waiter states.
@@ -158,6 +288,15 @@ func NewRecorder(store Store, opts *RecorderOptions) *Recorder {
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = 512
 	}
+	if o.MaxQueued <= 0 {
+		o.MaxQueued = DefaultMaxQueued
+	}
+	if o.MaxQueuedBytes <= 0 {
+		o.MaxQueuedBytes = DefaultMaxQueuedBytes
+	}
+	if o.StallAfter <= 0 {
+		o.StallAfter = DefaultStallAfter
+	}
 	if o.SinkQueue <= 0 {
 		o.SinkQueue = 1024
 	}
@@ -183,6 +322,7 @@ func NewRecorder(store Store, opts *RecorderOptions) *Recorder {
 		store:      store,
 		opts:       o,
 		progress:   make(chan struct{}),
+		stallCh:    make(chan struct{}),
 		wake:       make(chan struct{}, 1),
 		quit:       make(chan struct{}),
 		writerDone: make(chan struct{}),
@@ -198,58 +338,165 @@ func NewRecorder(store Store, opts *RecorderOptions) *Recorder {
 	return r
 }
 
+// admitLocked says why an event that must be durable now cannot be taken;
+// r.mu must be held.
+func (r *Recorder) admitLocked() error {
+	switch {
+	case r.closed:
+		return ErrClosed
+	case r.fullLocked(1):
+		cause := ""
+		if r.err != nil {
+			cause = fmt.Sprintf(" (%v)", r.err)
+		}
+		return fmt.Errorf("%w: %d events (%d bytes) wait for the store%s, the most allowed (%d events, %d bytes); new calls are refused until it drains",
+			ErrBacklogFull, len(r.queued), r.queuedBytes, cause, r.opts.MaxQueued, r.opts.MaxQueuedBytes)
+	case r.stalled:
+		return fmt.Errorf("%w: %v", ErrStalled, r.stallErr)
+	case r.err != nil:
+		return fmt.Errorf("%w: %w", ErrUnavailable, r.err)
+	}
+	return nil
+}
+
+// fullLocked reports whether the queue has reached factor times its bounds.
+func (r *Recorder) fullLocked(factor int) bool {
+	return len(r.queued) >= factor*r.opts.MaxQueued || r.queuedBytes >= factor*r.opts.MaxQueuedBytes
+}
+
+// Admit reports whether the Recorder can take an event that must be
+// durable now: nil, or the error Record would answer with at once
+// (ErrClosed, ErrStalled, ErrUnavailable or ErrBacklogFull, wrapped with
+// the detail). An enforcement point asks before it decides to run
+// anything, so a call it cannot record consumes no approval.
+func (r *Recorder) Admit() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.admitLocked()
+}
+
 // Record writes ev and returns once it is durable, with Seq, PrevHash and
 // Hash filled in. It fills an empty EventID and a zero OccurredAt. It
-// returns an error, and the caller must then refuse the call, when the store
-// fails, when Details cannot be encoded, after Close (ErrClosed), or when
-// ctx ends first; in the last case the event may still be written later.
+// returns an error, and the caller must then refuse the call: at once when
+// the store is failing or stalled or the backlog is full (see Admit); when
+// Details cannot be encoded; after Close (ErrClosed); when the store append
+// fails; when the append it waits for stalls (ErrStalled); or when ctx ends
+// first. In the last two cases the event may still be written later (the
+// error says so).
 func (r *Recorder) Record(ctx context.Context, ev Event) (Event, error) {
-	ev, err := r.prepare(ev)
+	ev, _, err := r.prepare(ev)
 	if err != nil {
 		return Event{}, err
 	}
 	w := &waiter{ev: ev, done: make(chan result, 1)}
 	r.mu.Lock()
-	if r.closed {
+	if err := r.admitLocked(); err != nil {
 		r.mu.Unlock()
-		return Event{}, ErrClosed
+		return Event{}, fmt.Errorf("audit: record %s: %w", ev.EventID, err)
 	}
 	w.admit = r.nextAdmit
 	r.nextAdmit++
 	r.durable = append(r.durable, w)
 	r.durAdmitted++
+	stall := r.stallCh
 	r.mu.Unlock()
 	r.signal()
+	giveUp := func(err error) (Event, error) {
+		if w.state.CompareAndSwap(waiting, abandoned) {
+			return Event{}, fmt.Errorf("audit: record %s: %w (not written)", ev.EventID, err)
+		}
+		return Event{}, fmt.Errorf("audit: record %s: %w (%w)", ev.EventID, err, ErrMaybeWritten)
+	}
 	select {
 	case res := <-w.done:
 		return res.ev, res.err
 	case <-ctx.Done():
-		if w.state.CompareAndSwap(waiting, abandoned) {
-			return Event{}, fmt.Errorf("audit: record %s: %w (not written)", ev.EventID, ctx.Err())
-		}
-		return Event{}, fmt.Errorf("audit: record %s: %w (may still be written)", ev.EventID, ctx.Err())
+		return giveUp(ctx.Err())
+	case <-stall:
+		r.mu.Lock()
+		serr := r.stallErr
+		r.mu.Unlock()
+		return giveUp(fmt.Errorf("%w: %v", ErrStalled, serr))
 	}
 }
 
-// Enqueue accepts ev for writing and returns at once; the event is committed
-// with the next batch and never dropped while the process runs (see the
-// Recorder doc for the queue). Details that cannot be encoded are replaced
-// by {"details_error": "..."} so the event is still recorded. The only error
-// is ErrClosed, after Close.
-func (r *Recorder) Enqueue(ev Event) error {
-	ev, err := r.prepare(ev)
+// RecordOrQueue writes ev durably before it returns when the store is
+// healthy, sharing the transaction (and fsync) of concurrent Record calls:
+// for a denial, whose answer must not be lost in a crash once given. While
+// the store is failing or stalled, or when ctx ends or the append stalls
+// first, it returns Queued at once and the event is written when the store
+// can. When the backlog is full it returns Counted (the event is counted
+// in the next audit.backlog_overflow summary); after Close, Lost. Details
+// that cannot be encoded are replaced by {"details_error": "..."} so the
+// event is still recorded.
+func (r *Recorder) RecordOrQueue(ctx context.Context, ev Event) Disposition {
+	ev, size, err := r.prepare(ev)
 	if err != nil {
 		ev.Details = map[string]any{"details_error": err.Error()}
+		size += len(err.Error())
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return Lost
+	}
+	if r.fullLocked(1) {
+		r.countLocked(ev)
+		r.mu.Unlock()
+		return Counted
+	}
+	it := item{ev: ev, admit: r.nextAdmit, size: size}
+	wait := r.err == nil && !r.stalled
+	if wait {
+		it.notify = make(chan error, 1)
+	}
+	r.nextAdmit++
+	r.enqAdmitted++
+	r.queued = append(r.queued, it)
+	r.queuedBytes += size
+	stall := r.stallCh
+	r.mu.Unlock()
+	if !wait {
+		return Queued
+	}
+	r.signal()
+	select {
+	case err := <-it.notify:
+		if err == nil {
+			return Durable
+		}
+		return Queued
+	case <-ctx.Done():
+	case <-stall:
+	case <-r.writerDone:
+	}
+	return Queued
+}
+
+// Enqueue accepts ev for writing and returns at once; the event is committed
+// with the next batch. It is for events that belong to something already
+// admitted (a running call's completion) or to the gateway itself, so it
+// may fill the queue up to twice its bounds; past that the event is
+// counted in the overflow summary and Enqueue returns ErrBacklogFull.
+// Details that cannot be encoded are replaced by {"details_error": "..."}
+// so the event is still recorded. After Close it returns ErrClosed.
+func (r *Recorder) Enqueue(ev Event) error {
+	ev, size, err := r.prepare(ev)
+	if err != nil {
+		ev.Details = map[string]any{"details_error": err.Error()}
+		size += len(err.Error())
 	}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
 		return ErrClosed
 	}
-	r.queued = append(r.queued, ev)
-	r.queuedAdmit = append(r.queuedAdmit, r.nextAdmit)
-	r.nextAdmit++
-	r.enqAdmitted++
+	if r.fullLocked(2) {
+		r.countLocked(ev)
+		r.mu.Unlock()
+		return fmt.Errorf("%w: %s counted in the overflow summary", ErrBacklogFull, ev.EventType)
+	}
+	r.queueLocked(ev, size)
 	r.mu.Unlock()
 	if r.opts.EnqueueLinger < 0 {
 		r.signal()
@@ -260,6 +507,53 @@ func (r *Recorder) Enqueue(ev Event) error {
 		})
 	}
 	return nil
+}
+
+// queueLocked appends ev to the queue; r.mu must be held.
+func (r *Recorder) queueLocked(ev Event, size int) {
+	r.queued = append(r.queued, item{ev: ev, admit: r.nextAdmit, size: size})
+	r.queuedBytes += size
+	r.nextAdmit++
+	r.enqAdmitted++
+}
+
+// countLocked counts ev for the overflow summary; r.mu must be held.
+func (r *Recorder) countLocked(ev Event) {
+	o := &r.overflow
+	if o.n == 0 {
+		o.first = ev.OccurredAt
+		o.byType = map[string]uint64{}
+	}
+	o.n++
+	if ev.OccurredAt.Before(o.first) {
+		o.first = ev.OccurredAt
+	}
+	if ev.OccurredAt.After(o.last) {
+		o.last = ev.OccurredAt
+	}
+	o.byType[ev.EventType]++
+}
+
+// overflowEventLocked returns the summary of the counted events and resets
+// the count; r.mu must be held and r.overflow.n > 0.
+func (r *Recorder) overflowEventLocked() Event {
+	o := r.overflow
+	r.overflow = overflowCount{}
+	byType := map[string]any{}
+	for t, n := range o.byType {
+		byType[t] = n
+	}
+	ev := Event{
+		EventID:    r.opts.NewEventID(),
+		EventType:  string(toolgate.EventAuditBacklogOverflow),
+		OccurredAt: r.opts.Now(),
+		Reason: fmt.Sprintf("%d events were not recorded one by one because the audit backlog was full (%d events or %d bytes waiting for the store), from %s to %s; the refused calls were answered internal_error",
+			o.n, r.opts.MaxQueued, r.opts.MaxQueuedBytes, o.first.UTC().Format(time.RFC3339Nano), o.last.UTC().Format(time.RFC3339Nano)),
+		Details: map[string]any{"count": o.n, "first": o.first.UTC().Format(time.RFC3339Nano),
+			"last": o.last.UTC().Format(time.RFC3339Nano), "by_type": byType},
+	}
+	ev, _ = normalize(ev)
+	return ev
 }
 
 // Flush returns once every event accepted before the call is durable, or
@@ -295,10 +589,12 @@ func (r *Recorder) Flush(ctx context.Context) error {
 }
 
 // Close stops accepting events, writes everything queued (retrying while the
-// store fails), delivers the committed batches to the sinks, and returns.
-// When ctx ends first it gives up: it returns an error counting the events
-// that were not written, and fails Record calls still waiting. Close does
-// not close the store or the sinks. Later calls return the first result.
+// store fails; the overflow summary too), delivers the committed batches to
+// the sinks, and returns. When ctx ends first it gives up: it fails Record
+// calls still waiting, keeps the queued events (and a summary of the
+// counted ones) for Unwritten, and returns an error counting them. Close
+// does not close the store or the sinks. Later calls return the first
+// result.
 func (r *Recorder) Close(ctx context.Context) error {
 	r.closeOnce.Do(func() { r.closeErr = r.close(ctx) })
 	return r.closeErr
@@ -318,7 +614,14 @@ func (r *Recorder) close(ctx context.Context) error {
 		<-r.writerDone
 	}
 	r.mu.Lock()
-	lost := len(r.queued) + len(r.durable)
+	for _, it := range r.queued {
+		r.unwritten = append(r.unwritten, it.ev)
+	}
+	r.queued, r.queuedBytes = nil, 0
+	if r.overflow.n > 0 {
+		r.unwritten = append(r.unwritten, r.overflowEventLocked())
+	}
+	lost := len(r.unwritten)
 	storeErr := r.err
 	r.mu.Unlock()
 	if lost > 0 {
@@ -340,18 +643,36 @@ func (r *Recorder) close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// Unwritten returns, after Close gave up, the events it could not write, in
+// the order they were accepted, the overflow summary last: for the caller
+// to keep (WriteSpill) and append later. It is empty before Close and
+// after a Close that wrote everything.
+func (r *Recorder) Unwritten() []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.unwritten)
+}
+
 // Err returns the last store error, or nil when the last append succeeded.
-// A gateway reports not-ready while it is non-nil.
 func (r *Recorder) Err() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.err
 }
 
+// Health returns why the Recorder cannot take an event that must be durable
+// now (as Admit does): closed, the store failing, an append running longer
+// than StallAfter, or the backlog full. A gateway reports not-ready while it
+// is non-nil.
+func (r *Recorder) Health() error {
+	return r.Admit()
+}
+
 // Stats returns a snapshot of the counters.
 func (r *Recorder) Stats() RecorderStats {
 	r.mu.Lock()
-	st := RecorderStats{Pending: len(r.queued) + len(r.durable), Err: r.err}
+	st := RecorderStats{Pending: len(r.queued) + len(r.durable), QueuedBytes: r.queuedBytes, Overflowed: r.overflow.n,
+		Stalled: r.stalled, Err: r.err}
 	r.mu.Unlock()
 	st.Committed = r.committed.Load()
 	st.Batches = r.batches.Load()
@@ -363,7 +684,10 @@ func (r *Recorder) Stats() RecorderStats {
 	return st
 }
 
-func (r *Recorder) prepare(ev Event) (Event, error) {
+// prepare fills the id and time and normalizes ev; it returns the event's
+// size as the queue counts it (its strings and details, plus a fixed
+// overhead for the envelope).
+func (r *Recorder) prepare(ev Event) (Event, int, error) {
 	if ev.EventID == "" {
 		ev.EventID = r.opts.NewEventID()
 	}
@@ -372,10 +696,50 @@ func (r *Recorder) prepare(ev Event) (Event, error) {
 	}
 	ev.Seq, ev.PrevHash, ev.Hash = 0, "", ""
 	ev, err := normalize(ev)
+	size := eventSize(ev)
 	if err != nil {
-		return ev, fmt.Errorf("audit: event %s: %w", ev.EventID, err)
+		return ev, size, fmt.Errorf("audit: event %s: %w", ev.EventID, err)
 	}
-	return ev, nil
+	return ev, size, nil
+}
+
+// eventOverhead approximates an event's fixed cost in bytes: the envelope's
+// keys, hashes, seq and time as stored, and its Go headers in memory.
+const eventOverhead = 512
+
+func eventSize(ev Event) int {
+	n := eventOverhead
+	for _, s := range []string{ev.EventID, ev.EventType, ev.CorrelationID, ev.CausationID, ev.AgentID, ev.AgentVersion,
+		ev.Principal, ev.InstanceID, ev.Environment, ev.ToolID, ev.ToolName, ev.Verdict, ev.Code, ev.Layer, ev.Reason,
+		ev.ArgsDigest, ev.ApprovalID, ev.DeploymentMode, ev.OutputDigest} {
+		n += len(s)
+	}
+	if len(ev.Details) > 0 {
+		n += detailsSize(ev.Details)
+	}
+	return n
+}
+
+// detailsSize approximates the encoded size of normalized details.
+func detailsSize(v any) int {
+	switch x := v.(type) {
+	case map[string]any:
+		n := 2
+		for k, e := range x {
+			n += len(k) + 4 + detailsSize(e)
+		}
+		return n
+	case []any:
+		n := 2
+		for _, e := range x {
+			n += 1 + detailsSize(e)
+		}
+		return n
+	case string:
+		return len(x) + 2
+	default:
+		return 8
+	}
 }
 
 func (r *Recorder) signal() {
@@ -437,12 +801,22 @@ func (r *Recorder) run() {
 func (r *Recorder) empty() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.queued) == 0 && len(r.durable) == 0
+	return len(r.queued) == 0 && len(r.durable) == 0 && r.overflow.n == 0
 }
 
-// take picks the next batch: Record'ed events first (oldest first), then
-// queued ones. While the store is failing and nothing forces an attempt
-// (a Record waiter, Flush, Close, or the retry timer), it returns !ok.
+// entry is one event of a batch being assembled.
+type entry struct {
+	admit uint64
+	ev    Event
+	w     *waiter
+}
+
+// take picks the next batch: every waiting Record (up to MaxBatch), then
+// queued events oldest first, ordered by admission so the chain records
+// events in the order they were accepted. While the store is failing and
+// nothing forces an attempt (a Record waiter, Flush, Close, or the retry
+// timer), it returns !ok. It adds the overflow summary to the queue once
+// the store writes and the queue has drained to half its bounds.
 func (r *Recorder) take(timerFired bool) (batch []Event, ws []*waiter, nq int, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -457,6 +831,10 @@ func (r *Recorder) take(timerFired bool) (batch []Event, ws []*waiter, nq int, o
 	}
 	clear(r.durable[len(kept):])
 	r.durable = kept
+	if r.overflow.n > 0 && r.err == nil && 2*len(r.queued) <= r.opts.MaxQueued && 2*r.queuedBytes <= r.opts.MaxQueuedBytes {
+		ev := r.overflowEventLocked()
+		r.queueLocked(ev, eventSize(ev))
+	}
 	if len(r.durable) == 0 && len(r.queued) == 0 {
 		r.force = false
 		r.broadcastLocked()
@@ -466,59 +844,122 @@ func (r *Recorder) take(timerFired bool) (batch []Event, ws []*waiter, nq int, o
 		return nil, nil, 0, false
 	}
 	r.force = false
-	// Merge the durable waiters and the queued events in admission order,
-	// so the chain records events in the order they happened.
+	entries := make([]entry, 0, min(r.opts.MaxBatch, len(r.durable)+len(r.queued)))
 	n := 0
-	for len(batch) < r.opts.MaxBatch && (n < len(r.durable) || nq < len(r.queued)) {
-		if nq < len(r.queued) && (n == len(r.durable) || r.queuedAdmit[nq] < r.durable[n].admit) {
-			batch = append(batch, r.queued[nq])
-			nq++
-			continue
-		}
+	for n < len(r.durable) && len(entries) < r.opts.MaxBatch {
 		w := r.durable[n]
 		n++
 		if !w.state.CompareAndSwap(waiting, taken) {
 			r.durResolved++ // abandoned just now
 			continue
 		}
-		w.pos = len(batch)
-		ws = append(ws, w)
-		batch = append(batch, w.ev)
+		entries = append(entries, entry{admit: w.admit, ev: w.ev, w: w})
+	}
+	for nq < len(r.queued) && len(entries) < r.opts.MaxBatch {
+		entries = append(entries, entry{admit: r.queued[nq].admit, ev: r.queued[nq].ev})
+		nq++
 	}
 	// Remove what was taken from the durable queue now: a waiter gets its
 	// answer from this attempt, success or failure.
 	clear(r.durable[:n])
 	r.durable = r.durable[n:]
-	if len(batch) == 0 {
+	if len(entries) == 0 {
 		r.broadcastLocked()
 		return nil, nil, 0, false
+	}
+	slices.SortFunc(entries, func(a, b entry) int {
+		switch {
+		case a.admit < b.admit:
+			return -1
+		case a.admit > b.admit:
+			return 1
+		}
+		return 0
+	})
+	batch = make([]Event, len(entries))
+	for i, e := range entries {
+		batch[i] = e.ev
+		if e.w != nil {
+			e.w.pos = i
+			ws = append(ws, e.w)
+		}
 	}
 	return batch, ws, nq, true
 }
 
+// write runs one store append, marking the store stalled when it runs
+// longer than StallAfter.
 func (r *Recorder) write(batch []Event) ([]Event, error) {
+	r.mu.Lock()
+	r.writing = true
+	r.writeGen++
+	gen := r.writeGen
+	r.mu.Unlock()
+	start := r.opts.Now()
+	timer := time.AfterFunc(r.opts.StallAfter, func() { r.markStalled(gen, start) })
 	ctx, cancel := context.WithTimeout(r.abortCtx, r.opts.WriteTimeout)
-	defer cancel()
 	sealed, err := r.store.AppendEvents(ctx, batch)
+	cancel()
+	timer.Stop()
+	r.mu.Lock()
+	r.writing = false
+	r.stalled, r.stallErr = false, nil
+	r.mu.Unlock()
 	if err == nil && len(sealed) != len(batch) {
 		err = fmt.Errorf("audit: store returned %d events for a batch of %d", len(sealed), len(batch))
 	}
 	return sealed, err
 }
 
+// markStalled marks append gen stalled if it is still running.
+func (r *Recorder) markStalled(gen uint64, start time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.writing || r.writeGen != gen || r.stalled {
+		return
+	}
+	r.stalled = true
+	r.stallErr = fmt.Errorf("a store append has been running since %s, longer than %s", start.UTC().Format(time.RFC3339Nano), r.opts.StallAfter)
+	close(r.stallCh)
+	r.stallCh = make(chan struct{})
+}
+
 func (r *Recorder) finish(ws []*waiter, nq int, sealed []Event, err error) {
 	r.mu.Lock()
 	r.durResolved += uint64(len(ws))
+	var notify []chan error
 	if err != nil {
+		if r.err == nil {
+			// The first failure of an outage: an event says so, written
+			// first once the store can write again (and it keeps the queue
+			// non-empty, so the retries go on until then).
+			r.failedAt = r.opts.Now()
+			fe := Event{EventID: r.opts.NewEventID(), EventType: string(toolgate.EventAuditStoreFailed), OccurredAt: r.failedAt,
+				Reason:  fmt.Sprintf("the audit store could not write from %s: %v; calls to be run were refused meanwhile, and the events accepted meanwhile follow", r.failedAt.UTC().Format(time.RFC3339Nano), err),
+				Details: map[string]any{"error": err.Error()}}
+			fe, _ = normalize(fe)
+			r.queueLocked(fe, eventSize(fe))
+		}
 		r.err = fmt.Errorf("audit: store append failed: %w", err)
 		r.failures.Add(1)
+		for i := range r.queued[:nq] {
+			if ch := r.queued[i].notify; ch != nil {
+				notify = append(notify, ch)
+				r.queued[i].notify = nil
+			}
+		}
 	} else {
 		r.err = nil
+		for _, it := range r.queued[:nq] {
+			r.queuedBytes -= it.size
+			if it.notify != nil {
+				notify = append(notify, it.notify)
+			}
+		}
 		clear(r.queued[:nq])
 		r.queued = r.queued[nq:]
-		r.queuedAdmit = r.queuedAdmit[nq:]
 		if len(r.queued) == 0 {
-			r.queued, r.queuedAdmit = nil, nil
+			r.queued, r.queuedBytes = nil, 0
 		}
 		r.enqCommitted += uint64(nq)
 		r.committed.Add(uint64(len(sealed)))
@@ -527,6 +968,9 @@ func (r *Recorder) finish(ws []*waiter, nq int, sealed []Event, err error) {
 	storeErr := r.err
 	r.broadcastLocked()
 	r.mu.Unlock()
+	for _, ch := range notify {
+		ch <- storeErr
+	}
 	for _, w := range ws {
 		if err != nil {
 			w.done <- result{err: storeErr}

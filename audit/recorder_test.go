@@ -226,8 +226,13 @@ func TestStoreFailure(t *testing.T) {
 	if err := r.Err(); !errors.Is(err, errInjected) {
 		t.Errorf("Err() = %v; want the store's error", err)
 	}
-	if st := r.Stats(); st.Pending != 5 || st.Failures == 0 {
-		t.Errorf("Stats = %+v; want the 5 denials still pending", st)
+	if st := r.Stats(); st.Pending != 6 || st.Failures == 0 {
+		t.Errorf("Stats = %+v; want the 5 denials and the outage event pending", st)
+	}
+	// While the store fails, an event that must be durable is refused at
+	// once, not after another attempt.
+	if _, err := r.Record(ctx, ev(7)); !errors.Is(err, audit.ErrUnavailable) || !errors.Is(err, errInjected) {
+		t.Errorf("Record while failing = %v; want ErrUnavailable wrapping the store's error", err)
 	}
 	short, cancel := context.WithCancel(ctx)
 	cancel()
@@ -247,15 +252,19 @@ func TestStoreFailure(t *testing.T) {
 	}
 	var got []string
 	for _, e := range evs {
+		if e.EventType == "audit.store_failed" {
+			got = append(got, "store_failed: "+e.Details["error"].(string))
+			continue
+		}
 		got = append(got, e.EventID)
 	}
 	// The failed Record's event is not written (its caller refused the
-	// call); every enqueued denial is.
-	want := []string{"ev-0", "ev-1", "ev-2", "ev-3", "ev-4", "ev-5"}
+	// call); every enqueued denial is, and the outage is recorded.
+	want := []string{"ev-0", "ev-1", "ev-2", "ev-3", "ev-4", "ev-5", "store_failed: injected store failure"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("stored events (-want +got):\n%s", diff)
 	}
-	verifyCount(t, fs, 6)
+	verifyCount(t, fs, 7)
 }
 
 func TestRecordCanceledWhileQueued(t *testing.T) {

@@ -193,6 +193,11 @@ type Request struct {
 	CausationID   string
 	// Via names the enforcement point ("mcp", "http", "cli") for the audit.
 	Via string
+	// DecideOnly says the caller runs the call itself, if at all (the JSON
+	// API's /v1/decide): its allow event says so (details decide_only), so
+	// a gateway restart does not mark it outcome_unknown for want of a
+	// completion toolgate never records.
+	DecideOnly bool
 }
 
 // Outcome is the answer to Authorize.
@@ -214,6 +219,11 @@ type Outcome struct {
 	EventID string
 	// Started is when the decision was made.
 	Started time.Time
+	// refusedAllow is the event id of an allow whose record may still be
+	// written although the call was refused (Authorize): the refusal's
+	// event names it (causation_id, details refused_allow_event_id), so a
+	// restart does not mark that call outcome_unknown.
+	refusedAllow string
 }
 
 // ErrAuditUnavailable is wrapped when the audit log cannot make an allow
@@ -265,6 +275,17 @@ func (g *Gate) authorize(ctx context.Context, req Request, pa parsed) Outcome {
 	snap := g.Snapshot()
 	call := callOf(req, pa)
 	d := g.decide(snap, &call, req.Identity)
+	if d.Verdict != toolgate.Deny {
+		// Before anything could run (or an approval be used): can the
+		// audit log take the record? If not, refuse now.
+		if err := g.admit(); err != nil {
+			out.Decision = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeInternalError, Layer: toolgate.LayerInternal,
+				Reason: fmt.Sprintf("internal layer: the call is refused before anything runs because the audit log cannot record it now: %v; retry once the audit store writes again (/readyz)", err),
+				ToolID: d.ToolID, ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
+			g.record(ctx, req, &out, false)
+			return out
+		}
+	}
 	if d.Verdict == toolgate.RequireApproval {
 		d = g.approvalStep(ctx, req, &call, snap, d, &out)
 	}
@@ -274,6 +295,11 @@ func (g *Gate) authorize(ctx context.Context, req Request, pa parsed) Outcome {
 			out.Decision = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeInternalError, Layer: toolgate.LayerInternal,
 				Reason: fmt.Sprintf("the audit log cannot record this allow, so the call is refused rather than run unrecorded: %v", err),
 				ToolID: d.ToolID, ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
+			if errors.Is(err, audit.ErrMaybeWritten) {
+				// The allow may still reach the log: the refusal names it,
+				// so the log shows the call did not run.
+				req.CausationID, out.refusedAllow = out.EventID, out.EventID
+			}
 			g.record(ctx, req, &out, false)
 		}
 		return out
@@ -434,11 +460,36 @@ func (g *Gate) event(req Request, out *Outcome) audit.Event {
 	if req.Via != "" {
 		ev.Details = map[string]any{"via": req.Via}
 	}
+	if req.DecideOnly || out.refusedAllow != "" {
+		if ev.Details == nil {
+			ev.Details = map[string]any{}
+		}
+		if req.DecideOnly {
+			ev.Details["decide_only"] = true
+		}
+		if out.refusedAllow != "" {
+			ev.Details["refused_allow_event_id"] = out.refusedAllow
+		}
+	}
 	ev.Details = delegationDetails(req.Identity, ev.Details)
 	return ev
 }
 
-// record writes the decision event: durable for an allow, queued otherwise.
+// admit asks the audit log whether it can take a record that must be
+// durable now (audit.Recorder.Admit); nil without a recorder.
+func (g *Gate) admit() error {
+	if g.opts.Recorder == nil {
+		return nil
+	}
+	return g.opts.Recorder.Admit()
+}
+
+// record writes the decision event. An allow is durable before it returns
+// (or the error says why not: the caller refuses the call). Any other
+// decision is durable before it returns too while the store is healthy, so
+// a denial once answered survives a crash; while the store fails or
+// stalls it is queued, and when the backlog is full it is counted in the
+// overflow summary (audit.Recorder.RecordOrQueue).
 func (g *Gate) record(ctx context.Context, req Request, out *Outcome, durable bool) error {
 	rec := g.opts.Recorder
 	if rec == nil {
@@ -449,12 +500,12 @@ func (g *Gate) record(ctx context.Context, req Request, out *Outcome, durable bo
 	out.EventID = ev.EventID
 	if durable {
 		if _, err := rec.Record(ctx, ev); err != nil {
-			return fmt.Errorf("%w: %v", ErrAuditUnavailable, err)
+			return fmt.Errorf("%w: %w", ErrAuditUnavailable, err)
 		}
 		return nil
 	}
-	if err := rec.Enqueue(ev); err != nil {
-		g.log.Error("audit enqueue failed", "err", err, "event", ev.EventType)
+	if d := rec.RecordOrQueue(ctx, ev); d == audit.Lost {
+		g.log.Error("audit record lost: the audit log is closed", "event", ev.EventType, "correlation_id", ev.CorrelationID)
 	}
 	return nil
 }

@@ -19,6 +19,8 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -42,6 +44,20 @@ const DefaultListen = "127.0.0.1:8420"
 
 // DBFile is the SQLite file under the data folder.
 const DBFile = "toolgate.db"
+
+// SpillFile is where, at shutdown, the audit events that could not be
+// written (the store was down) are kept, under the data folder; the next
+// start appends them to the log and removes the file (audit.Recover).
+const SpillFile = "audit-spill.jsonl"
+
+// LockFile, under the data folder, is held (flock) by the running gateway:
+// one gateway per data folder, so that the start of one never marks the
+// calls another is running as outcome_unknown.
+const LockFile = "toolgate.lock"
+
+// CloseAuditTimeout is how long shutdown gives the audit log to write what
+// is queued before it spills the rest to SpillFile.
+const CloseAuditTimeout = 5 * time.Second
 
 // Config configures Run.
 type Config struct {
@@ -146,12 +162,32 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data folder: %w", err)
 	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	store, err := sqlite.Open(filepath.Join(cfg.DataDir, DBFile), &sqlite.Options{Synchronous: cfg.AuditSync})
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
 	gw.Store = store
 	defer store.Close()
+	// Before any call and any other event: close the previous run (calls it
+	// left without an outcome, events it spilled) and mark this start.
+	before, err := store.AuditHead(ctx)
+	if err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
+	rr, err := audit.Recover(ctx, store, &audit.RecoverOptions{SpillPath: filepath.Join(cfg.DataDir, SpillFile),
+		Details: map[string]any{"version": cfg.Version, "bundle": cfg.BundleDir}})
+	if err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
+	if len(rr.OutcomeUnknown) > 0 || rr.Replayed > 0 {
+		log.Warn("audit log: the previous run stopped uncleanly", "outcome_unknown", len(rr.OutcomeUnknown),
+			"replayed_from_spill", rr.Replayed, "previous_start_seq", rr.PreviousStart, "scanned", rr.Scanned)
+	}
 	var sinks []audit.Sink
 	if cfg.EventsFile != "" {
 		var w io.Writer = os.Stdout
@@ -167,7 +203,22 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	}
 	gw.Metrics = metrics.New(nil)
 	sinks = append(sinks, gw.Metrics.AuditSink())
-	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks})
+	// A sink that fails or falls behind (its queue is full) never fails a
+	// call: the store has every event. It is not silent either: logged, at
+	// most once a second.
+	var sinkLogged atomic.Int64
+	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks, OnSinkError: func(_ audit.Sink, err error) {
+		now, last := time.Now().UnixNano(), sinkLogged.Load()
+		if now-last >= int64(time.Second) && sinkLogged.CompareAndSwap(last, now) {
+			log.Warn("audit event sink: events not delivered to it (the audit log has them)", "err", err)
+		}
+	}})
+	// What Recover wrote (the start, calls left without an outcome, events
+	// replayed from a spill) went to the store before the sinks existed;
+	// the event stream and the metrics get it now, in order.
+	if err := replayToSinks(ctx, store, before.Seq+1, sinks); err != nil {
+		log.Warn("audit event sinks: the events written at start could not be delivered to them (the audit log has them)", "err", err)
+	}
 	bt := prep.Builtins
 	gw.Builtins = bt
 	executor := &gate.Executor{Builtins: bt, BaseDir: cfg.BundleDir}
@@ -242,6 +293,23 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	}
 }
 
+// replayToSinks writes the committed events from seq from on to each sink,
+// in order.
+func replayToSinks(ctx context.Context, store audit.Store, from int64, sinks []audit.Sink) error {
+	for {
+		evs, err := audit.ReadEvents(ctx, store, from, 1000)
+		if err != nil || len(evs) == 0 {
+			return err
+		}
+		for _, s := range sinks {
+			if err := s.Write(ctx, evs); err != nil {
+				return err
+			}
+		}
+		from = evs[len(evs)-1].Seq + 1
+	}
+}
+
 func (gw *Gateway) shutdown(srv *http.Server) error {
 	gw.log.Info("shutting down")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -252,22 +320,52 @@ func (gw *Gateway) shutdown(srv *http.Server) error {
 	}
 	gw.stopToolChanges()
 	gw.Proxy.FlushRefusals() // the refusals counted but not yet written
-	if cerr := gw.Rec.Close(ctx); cerr != nil {
-		err = errors.Join(err, fmt.Errorf("audit log: %w", cerr))
-	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
+	}
+	// The audit log gets its own time: what it cannot write (the store is
+	// down) is spilled to the data folder and appended at the next start.
+	actx, acancel := context.WithTimeout(context.Background(), CloseAuditTimeout)
+	defer acancel()
+	if cerr := gw.Rec.Close(actx); cerr != nil {
+		left := gw.Rec.Unwritten()
+		path := filepath.Join(gw.cfg.DataDir, SpillFile)
+		if serr := audit.WriteSpill(path, left); serr != nil {
+			gw.log.Error("audit log: events lost: the store could not write them and they could not be spilled", "lost", len(left), "err", serr, "store_err", cerr)
+			err = errors.Join(err, fmt.Errorf("audit log: %d events lost: %w (spill: %v)", len(left), cerr, serr))
+		} else {
+			gw.log.Warn("audit log: events the store could not write were spilled; the next start appends them", "spilled", len(left), "file", path, "store_err", cerr)
+		}
 	}
 	return err
 }
 
-// Ready reports why the gateway should not take traffic: the audit store
-// failing.
+// Ready reports why the gateway should not take traffic: the audit log
+// cannot take a record that must be durable now (the store failing, a
+// write running longer than audit.DefaultStallAfter, the backlog full).
 func (gw *Gateway) Ready() error {
-	if err := gw.Rec.Err(); err != nil {
-		return fmt.Errorf("audit store: %w", err)
+	if err := gw.Rec.Health(); err != nil {
+		return fmt.Errorf("audit log: %w", err)
 	}
 	return nil
+}
+
+// lockDataDir takes the data folder's lock file (flock, released when the
+// returned func is called or the process ends) or says who holds it.
+func lockDataDir(dir string) (func(), error) {
+	path := filepath.Join(dir, LockFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("data folder: lock %s: %w", path, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		b, _ := os.ReadFile(path)
+		f.Close()
+		return nil, fmt.Errorf("data folder %s is in use by another toolgate serve (pid %s holds %s): one gateway per data folder", dir, strings.TrimSpace(string(b)), path)
+	}
+	_ = f.Truncate(0)
+	fmt.Fprintf(f, "%d\n", os.Getpid())
+	return func() { f.Close() }, nil
 }
 
 func bundleEvent(t toolgate.EventType, dir, reason string, details map[string]any) audit.Event {

@@ -446,7 +446,7 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	// The decision and its record complete even if the client goes away,
 	// so the audit log says what was decided, not that recording failed.
 	greq := gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
-		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via}
+		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via, DecideOnly: true}
 	var out gate.Outcome
 	hidden, conceal := s.visibility(r, id, req.Tool)
 	if hidden {

@@ -8,6 +8,7 @@ package storetest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -97,6 +98,23 @@ func mustVerify(t *testing.T, s audit.Store) audit.Report {
 	}
 	return rep
 }
+
+// hashAt returns the hash of the record stored at seq.
+func hashAt(t *testing.T, h *AuditHarness, seq int64) string {
+	t.Helper()
+	recs, err := h.Store.ReadRecords(context.Background(), seq, 1)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("read seq %d: %d records, %v", seq, len(recs), err)
+	}
+	ev, err := recs[0].Event()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev.Hash
+}
+
+// sqlQuote quotes s as an SQL string literal.
+func sqlQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // RunAudit runs the audit.Store contract. newHarness must return a harness
 // over a fresh database for every call (and clean it up with t.Cleanup); it
@@ -378,6 +396,52 @@ func RunAudit(t *testing.T, newHarness func(t *testing.T) *AuditHarness) {
 				want: audit.Problem{Seq: 4, Kind: audit.Removed},
 			},
 			{
+				name: "body with a duplicated key",
+				tamper: func(*testing.T, *AuditHarness) []string {
+					// A reader that takes the first "verdict" sees allow;
+					// encoding/json takes the last, so the hash still matches.
+					return []string{`UPDATE {events} SET body = replace(body, '{"agent_id"', '{"verdict":"allow","agent_id"') WHERE seq = 3`}
+				},
+				want: audit.Problem{Seq: 3, Kind: audit.Edited},
+			},
+			{
+				name: "key in other case",
+				tamper: func(*testing.T, *AuditHarness) []string {
+					return []string{`UPDATE {events} SET body = replace(body, '"verdict":"deny"', '"VERDICT":"deny"') WHERE seq = 3`}
+				},
+				want: audit.Problem{Seq: 3, Kind: audit.Edited},
+			},
+			{
+				name: "spacing added",
+				tamper: func(*testing.T, *AuditHarness) []string {
+					return []string{`UPDATE {events} SET body = replace(body, '{"agent_id"', '{ "agent_id"') WHERE seq = 2`}
+				},
+				want: audit.Problem{Seq: 2, Kind: audit.Edited},
+			},
+			{
+				name: "escape in other form",
+				tamper: func(*testing.T, *AuditHarness) []string {
+					return []string{`UPDATE {events} SET body = replace(body, '"agent_id":"agent-support"', '"agent_id":"\u0061gent-support"') WHERE seq = 4`}
+				},
+				want: audit.Problem{Seq: 4, Kind: audit.Edited},
+			},
+			{
+				name: "head moved back",
+				tamper: func(t *testing.T, h *AuditHarness) []string {
+					// The head names record 3 exactly: records 4 and 5
+					// would go unchecked.
+					return []string{`UPDATE {head} SET seq = 3, hash = '` + hashAt(t, h, 3) + `' WHERE id = 1`}
+				},
+				want: audit.Problem{Seq: 4, Kind: audit.Edited},
+			},
+			{
+				name: "head reset to the empty log",
+				tamper: func(*testing.T, *AuditHarness) []string {
+					return []string{`UPDATE {head} SET seq = 0, hash = '` + audit.GenesisHash + `' WHERE id = 1`}
+				},
+				want: audit.Problem{Seq: 1, Kind: audit.Edited},
+			},
+			{
 				name: "head rewritten",
 				tamper: func(*testing.T, *AuditHarness) []string {
 					return []string{`UPDATE {head} SET hash = '` + strings.Repeat("1", 64) + `' WHERE id = 1`}
@@ -417,4 +481,109 @@ func RunAudit(t *testing.T, newHarness func(t *testing.T) *AuditHarness) {
 			})
 		}
 	})
+	// What Verify alone cannot see (a chain cut back with its head moved to
+	// match, or re-sealed whole with the store's own code) is caught by a
+	// head kept outside the database.
+	t.Run("AnchorDetectsRewrites", func(t *testing.T) {
+		tests := []struct {
+			name   string
+			tamper func(t *testing.T, h *AuditHarness) []string
+			anchor int64 // the seq of the head kept outside, taken before the tampering
+			want   string
+		}{
+			{
+				name: "tail cut and head moved to match",
+				tamper: func(t *testing.T, h *AuditHarness) []string {
+					return []string{`DELETE FROM {events} WHERE seq > 3`, `UPDATE {head} SET seq = 3, hash = '` + hashAt(t, h, 3) + `' WHERE id = 1`}
+				},
+				anchor: 5,
+				want:   "records were removed from the end",
+			},
+			{
+				name:   "re-sealed whole",
+				tamper: reseal(3),
+				anchor: 5,
+				want:   "re-sealed",
+			},
+			{
+				name:   "re-sealed from before an earlier anchor",
+				tamper: reseal(1),
+				anchor: 2,
+				want:   "re-sealed",
+			},
+			{
+				// The limit: an anchor vouches for the records up to it.
+				name:   "re-sealed only after the anchor",
+				tamper: reseal(3),
+				anchor: 2,
+				want:   "",
+			},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				h := newHarness(t)
+				appendN(t, h.Store, 0, 5)
+				anchor := audit.Head{Seq: tt.anchor, Hash: hashAt(t, h, tt.anchor)}
+				if err := audit.CheckAnchor(ctx, h.Store, mustVerify(t, h.Store), anchor); err != nil {
+					t.Fatalf("CheckAnchor before tampering: %v", err)
+				}
+				if err := h.DropTriggers(); err != nil {
+					t.Fatalf("drop triggers: %v", err)
+				}
+				for _, q := range tt.tamper(t, h) {
+					if err := h.Exec(q); err != nil {
+						t.Fatalf("tamper %q: %v", q, err)
+					}
+				}
+				rep := mustVerify(t, h.Store)
+				if !rep.OK {
+					t.Fatalf("Verify = %+v; this rewrite is one Verify alone cannot see (the case is meant to show the anchor's use)", rep)
+				}
+				err := audit.CheckAnchor(ctx, h.Store, rep, anchor)
+				if tt.want == "" {
+					if err != nil {
+						t.Errorf("CheckAnchor = %v; want nil (the records up to the anchor are untouched)", err)
+					}
+					return
+				}
+				if !errors.Is(err, audit.ErrAnchorMismatch) || !strings.Contains(err.Error(), tt.want) {
+					t.Errorf("CheckAnchor after tampering = %v; want ErrAnchorMismatch saying %q", err, tt.want)
+				}
+			})
+		}
+	})
+}
+
+// reseal returns a tamper that rewrites every record, the one at seq
+// changed (it becomes an allow), re-sealed with audit.Seal, and moves
+// the head to match: what someone with the database and this code could do.
+func reseal(seq int64) func(t *testing.T, h *AuditHarness) []string {
+	return func(t *testing.T, h *AuditHarness) []string { return resealAt(t, h, seq) }
+}
+
+func resealAt(t *testing.T, h *AuditHarness, seq int64) []string {
+	t.Helper()
+	recs, err := h.Store.ReadRecords(context.Background(), 1, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var qs []string
+	head := audit.Head{}
+	for _, r := range recs {
+		ev, err := r.Event()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Seq == seq {
+			ev.Verdict, ev.Code, ev.Reason = "allow", "ok", "rewritten"
+		}
+		sealed, body, err := audit.Seal(head, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head = audit.Head{Seq: sealed.Seq, Hash: sealed.Hash}
+		qs = append(qs, fmt.Sprintf(`UPDATE {events} SET body = %s WHERE seq = %d`, sqlQuote(string(body)), sealed.Seq))
+	}
+	return append(qs, fmt.Sprintf(`UPDATE {head} SET seq = %d, hash = '%s' WHERE id = 1`, head.Seq, head.Hash))
 }

@@ -3,14 +3,18 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	iofs "io/fs"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 	"unicode"
 
 	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/store/sqlite"
 )
 
 // tailPoll is how often audit tail -f looks for new events.
@@ -52,23 +56,42 @@ func runAudit(ctx context.Context, args []string, io IO) int {
 	})
 }
 
-// verifyJSON is audit verify's JSON output: the report and the database.
+// verifyJSON is audit verify's JSON output: the report (ok, checked, head,
+// last_good, problem), the database, and with --expect the head it was
+// compared with and what differs.
 type verifyJSON struct {
 	Database string `json:"database"`
 	audit.Report
+	// Expected is the --expect head; nil without it.
+	Expected *audit.Head `json:"expected,omitempty"`
+	// ExpectedOK reports whether the log holds the expected head's record
+	// (false when the chain itself fails).
+	ExpectedOK *bool `json:"expected_ok,omitempty"`
+	// ExpectedProblem says what differs from the expected head.
+	ExpectedProblem string `json:"expected_problem,omitempty"`
 }
 
 func runAuditVerify(ctx context.Context, args []string, io IO) int {
 	fs := newFlags("audit verify", io)
 	data := dataFlag(fs)
 	out := outputFlag(fs)
+	expect := fs.String("expect", "", "SEQ:HASH: a head an earlier verify printed, kept outside the data folder; the log must still hold that record (detects a log cut back or re-sealed)")
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
 	if !checkOutput(*out, io.Stderr) {
 		return ExitUsage
 	}
-	st, err := openStore(*data, false)
+	var anchor *audit.Head
+	if *expect != "" {
+		h, err := audit.ParseHead(*expect)
+		if err != nil {
+			fmt.Fprintf(io.Stderr, "toolgate audit verify: --expect: %v\n", err)
+			return ExitUsage
+		}
+		anchor = &h
+	}
+	st, err := openReadOnly(*data)
 	if err != nil {
 		return fail(io.Stderr, "audit verify: %v", err)
 	}
@@ -77,20 +100,66 @@ func runAuditVerify(ctx context.Context, args []string, io IO) int {
 	if err != nil {
 		return fail(io.Stderr, "audit verify: %v", err)
 	}
+	res := verifyJSON{Database: st.Path(), Report: rep, Expected: anchor}
+	if anchor != nil {
+		aerr := audit.CheckAnchor(ctx, st, rep, *anchor)
+		if aerr != nil && !errors.Is(aerr, audit.ErrAnchorMismatch) {
+			return fail(io.Stderr, "audit verify: %v", aerr)
+		}
+		ok := aerr == nil
+		res.ExpectedOK = &ok
+		if aerr != nil {
+			res.ExpectedProblem = aerr.Error()
+		}
+	}
+	anchorFailed := res.ExpectedOK != nil && !*res.ExpectedOK
 	if *out == "json" {
-		writeJSON(io.Stdout, verifyJSON{Database: st.Path(), Report: rep})
+		writeJSON(io.Stdout, res)
 	} else if rep.OK {
 		fmt.Fprintf(io.Stdout, "audit log %s: OK, %d records verified\nhead: seq %d, hash %s\n", st.Path(), rep.Checked, rep.Head.Seq, rep.Head.Hash)
+		switch {
+		case anchor == nil:
+			fmt.Fprintf(io.Stdout, "A log cut back or re-sealed by someone with the database and toolgate passes this check: keep the head outside the data folder and pass it to a later run as --expect %s\n", rep.Head)
+		case anchorFailed:
+			fmt.Fprintf(io.Stdout, "DOES NOT MATCH the head kept outside it (%s): %s\n", anchor, res.ExpectedProblem)
+		default:
+			fmt.Fprintf(io.Stdout, "matches the head kept outside it: seq %d, hash %s\n", anchor.Seq, anchor.Hash)
+		}
 	} else {
 		p := rep.Problem
 		fmt.Fprintf(io.Stdout, "audit log %s: TAMPERED at seq %d: the record was %s\n  %s\n", st.Path(), p.Seq, p.Kind, p.Detail)
 		fmt.Fprintf(io.Stdout, "  %d records verified before it; last good record: seq %d, hash %s\n", rep.Checked, rep.LastGood.Seq, rep.LastGood.Hash)
+		fmt.Fprintf(io.Stdout, "  the stored head: seq %d, hash %s\n", rep.Head.Seq, rep.Head.Hash)
 	}
-	if !rep.OK {
+	switch {
+	case !rep.OK:
 		fmt.Fprintf(io.Stderr, "toolgate: audit verify: the audit log fails verification at seq %d (%s)\n", rep.Problem.Seq, rep.Problem.Kind)
+		return ExitFailure
+	case anchorFailed:
+		fmt.Fprintf(io.Stderr, "toolgate: audit verify: the audit log does not match --expect %s: %s\n", anchor, res.ExpectedProblem)
 		return ExitFailure
 	}
 	return ExitOK
+}
+
+// openReadOnly opens the data folder's database for reading only: the
+// audit commands never create, migrate or write it, and a database whose
+// audit log was removed is an error, not an empty log.
+func openReadOnly(dir string) (*sqlite.Store, error) {
+	if dir == "" {
+		return nil, errors.New("--data DIR is empty; pass the data folder toolgate serve uses")
+	}
+	path := dbPath(dir)
+	fi, err := os.Stat(path)
+	switch {
+	case errors.Is(err, iofs.ErrNotExist):
+		return nil, fmt.Errorf("no toolgate database at %s: pass --data with the data folder toolgate serve uses (it holds %s)", path, dbFile)
+	case err != nil:
+		return nil, fmt.Errorf("data folder %s: %w", dir, err)
+	case fi.IsDir():
+		return nil, fmt.Errorf("%s is a folder, not a toolgate database", path)
+	}
+	return sqlite.Open(path, &sqlite.Options{ReadOnly: true})
 }
 
 func runAuditTail(ctx context.Context, args []string, io IO) int {
@@ -109,7 +178,7 @@ func runAuditTail(ctx context.Context, args []string, io IO) int {
 		fmt.Fprintf(io.Stderr, "toolgate audit tail: -n %d: want 0 or more\n", *n)
 		return ExitUsage
 	}
-	st, err := openStore(*data, false)
+	st, err := openReadOnly(*data)
 	if err != nil {
 		return fail(io.Stderr, "audit tail: %v", err)
 	}

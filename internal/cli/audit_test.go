@@ -126,6 +126,17 @@ func TestAuditVerify(t *testing.T) {
 			`DELETE FROM audit_events WHERE seq = 5`,
 			`UPDATE audit_head SET seq = 4`,
 		}, wantSeq: 4, wantKind: audit.Edited},
+		{name: "head moved back onto record 3", tamper: []string{
+			// The head names record 3 exactly; records 4 and 5 would go
+			// unchecked if verify stopped at the head.
+			`UPDATE audit_head SET seq = 3, hash = (SELECT substr(body, instr(body, '"hash":"') + 8, 64) FROM audit_events WHERE seq = 3)`,
+		}, wantSeq: 4, wantKind: audit.Edited},
+		{name: "head reset to the empty log", tamper: []string{
+			`UPDATE audit_head SET seq = 0, hash = '` + audit.GenesisHash + `'`,
+		}, wantSeq: 1, wantKind: audit.Edited},
+		{name: "duplicated key in a body", tamper: []string{
+			`UPDATE audit_events SET body = replace(body, '{"agent_id"', '{"verdict":"allow","agent_id"') WHERE seq = 2`,
+		}, wantSeq: 2, wantKind: audit.Edited},
 		{name: "reordered", tamper: []string{
 			`UPDATE audit_events SET seq = -2 WHERE seq = 2`,
 			`UPDATE audit_events SET seq = 2 WHERE seq = 3`,
@@ -181,6 +192,148 @@ func TestAuditVerify(t *testing.T) {
 				t.Errorf("database = %q", rep.Database)
 			}
 		})
+	}
+}
+
+// TestAuditVerifyExpect: verify prints the record count and head it
+// checked, and --expect compares the log with a head kept outside it: a
+// log cut back with its head moved to match, or re-sealed whole, passes the
+// chain check but not that one.
+func TestAuditVerifyExpect(t *testing.T) {
+	ctx := context.Background()
+	headOf := func(t *testing.T, dir string) audit.Head {
+		t.Helper()
+		st, err := sqlite.Open(filepath.Join(dir, "toolgate.db"), &sqlite.Options{ReadOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		h, err := st.AuditHead(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	tests := []struct {
+		name    string
+		tamper  func(t *testing.T, dir string)
+		anchor  int64 // which record's head is kept outside (before tampering)
+		wantOK  bool
+		wantMsg string
+	}{
+		{name: "intact", anchor: 5, wantOK: true},
+		{name: "intact, grown since", anchor: 3, wantOK: true, tamper: func(t *testing.T, dir string) {
+			st, err := sqlite.Open(filepath.Join(dir, "toolgate.db"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			appendEvents(t, st, sampleEvents(2))
+		}},
+		{name: "cut back, head moved to match", anchor: 5, wantMsg: "records were removed from the end", tamper: func(t *testing.T, dir string) {
+			tamper(t, dir, `DELETE FROM audit_events WHERE seq > 3`,
+				`UPDATE audit_head SET seq = 3, hash = (SELECT substr(body, instr(body, '"hash":"') + 8, 64) FROM audit_events WHERE seq = 3)`)
+		}},
+		{name: "re-sealed whole", anchor: 5, wantMsg: "re-sealed", tamper: func(t *testing.T, dir string) {
+			// Someone with the file and toolgate's code writes a new log.
+			os.Remove(filepath.Join(dir, "toolgate.db"))
+			evs := sampleEvents(5)
+			evs[1].Verdict, evs[1].Code = "allow", "ok"
+			st, err := sqlite.Open(filepath.Join(dir, "toolgate.db"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			appendEvents(t, st, evs)
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := writeLog(t, sampleEvents(5))
+			code, out, errOut := tg(t, ctx, "audit", "verify", "--data", dir)
+			head := headOf(t, dir)
+			if code != 0 || !strings.Contains(out, ": OK, 5 records verified") || !strings.Contains(out, fmt.Sprintf("head: seq 5, hash %s", head.Hash)) ||
+				!strings.Contains(out, "--expect "+head.String()) {
+				t.Fatalf("verify = %d\n%s%s; want OK naming 5 records, the head and how to pass it", code, out, errOut)
+			}
+			var anchor audit.Head
+			{
+				st, err := sqlite.Open(filepath.Join(dir, "toolgate.db"), &sqlite.Options{ReadOnly: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				evs, err := audit.ReadEvents(ctx, st, tt.anchor, 1)
+				st.Close()
+				if err != nil || len(evs) != 1 {
+					t.Fatal(err)
+				}
+				anchor = audit.Head{Seq: evs[0].Seq, Hash: evs[0].Hash}
+			}
+			if tt.tamper != nil {
+				tt.tamper(t, dir)
+			}
+			// The chain alone passes in every case.
+			if code, out, errOut := tg(t, ctx, "audit", "verify", "--data", dir); code != 0 {
+				t.Fatalf("verify without --expect = %d\n%s%s", code, out, errOut)
+			}
+			code, out, errOut = tg(t, ctx, "audit", "verify", "--data", dir, "--expect", anchor.String())
+			if tt.wantOK {
+				if code != 0 || !strings.Contains(out, "matches the head kept outside it") {
+					t.Errorf("verify --expect = %d\n%s%s; want 0 and a match", code, out, errOut)
+				}
+			} else if code != cli.ExitFailure || !strings.Contains(out, "DOES NOT MATCH") || !strings.Contains(errOut, tt.wantMsg) {
+				t.Errorf("verify --expect = %d\n%s%s; want 1 naming %q", code, out, errOut, tt.wantMsg)
+			}
+			code, out, _ = tg(t, ctx, "audit", "verify", "--data", dir, "--expect", anchor.String(), "-o", "json")
+			var rep struct {
+				OK              bool        `json:"ok"`
+				Checked         int64       `json:"checked"`
+				Head            audit.Head  `json:"head"`
+				Expected        *audit.Head `json:"expected"`
+				ExpectedOK      *bool       `json:"expected_ok"`
+				ExpectedProblem string      `json:"expected_problem"`
+			}
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("JSON output %q: %v", out, err)
+			}
+			now := headOf(t, dir)
+			if !rep.OK || rep.Checked != now.Seq || rep.Head != now || rep.Expected == nil || *rep.Expected != anchor ||
+				rep.ExpectedOK == nil || *rep.ExpectedOK != tt.wantOK || (code == 0) != tt.wantOK || !strings.Contains(rep.ExpectedProblem, tt.wantMsg) {
+				t.Errorf("JSON = %s (exit %d); want checked %d, head %v, expected %v, expected_ok %v", out, code, now.Seq, now, anchor, tt.wantOK)
+			}
+		})
+	}
+	t.Run("bad --expect", func(t *testing.T) {
+		dir := writeLog(t, sampleEvents(1))
+		for _, bad := range []string{"5", "x:" + strings.Repeat("a", 64), "0:" + strings.Repeat("a", 64), "3:abc", "3:" + strings.Repeat("A", 64)} {
+			if code, _, errOut := tg(t, ctx, "audit", "verify", "--data", dir, "--expect", bad); code != cli.ExitUsage || !strings.Contains(errOut, "--expect") {
+				t.Errorf("--expect %q: exit %d, %s; want usage error", bad, code, errOut)
+			}
+		}
+	})
+}
+
+// TestAuditReadsWithoutWriting: verify and tail open the database read-only:
+// a log whose tables were dropped is refused (not recreated empty, which
+// would verify), and the file is not changed.
+func TestAuditReadsWithoutWriting(t *testing.T) {
+	ctx := context.Background()
+	dir := writeLog(t, sampleEvents(3))
+	tamper(t, dir, "DROP TABLE audit_events", "DROP TABLE audit_head")
+	for _, sub := range []string{"verify", "tail"} {
+		code, out, errOut := tg(t, ctx, "audit", sub, "--data", dir)
+		if code != cli.ExitFailure || !strings.Contains(errOut, "audit log was removed") {
+			t.Errorf("audit %s on a database whose audit tables were dropped: exit %d\n%s%s; want 1 and 'audit log was removed'", sub, code, out, errOut)
+		}
+	}
+	db, err := sql.Open("sqlite", filepath.Join(dir, "toolgate.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name IN ('audit_events', 'audit_head')`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("the audit tables were recreated (%d, %v)", n, err)
 	}
 }
 

@@ -209,11 +209,54 @@ func (s *Store) migrate(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(7235, hashtext($1))`, s.schema); err != nil {
 			return err
 		}
+		if err := s.checkExisting(ctx, tx); err != nil {
+			return err
+		}
 		// One round trip: with no arguments pgx sends the script with the
 		// simple protocol, which runs several statements.
 		_, err := tx.Exec(ctx, strings.Join(stmts, ";\n"))
 		return err
 	})
+}
+
+// ErrTampered is wrapped by Open when an existing toolgate schema (one with
+// a schema_version in toolgate_meta) lacks the audit tables or the head
+// row: creating them afresh would start a new, empty chain that verifies,
+// hiding that the old one was removed.
+var ErrTampered = errors.New("the audit log was removed from an existing toolgate schema")
+
+// checkExisting refuses an existing toolgate schema whose audit tables or
+// head row are gone.
+func (s *Store) checkExisting(ctx context.Context, tx pgx.Tx) error {
+	q := pgx.Identifier{s.schema}.Sanitize()
+	var meta, events, head *string
+	if err := tx.QueryRow(ctx, `SELECT to_regclass($1)::text, to_regclass($2)::text, to_regclass($3)::text`,
+		q+".toolgate_meta", s.events, s.head).Scan(&meta, &events, &head); err != nil {
+		return err
+	}
+	if meta == nil {
+		return nil // a new schema
+	}
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+q+`.toolgate_meta WHERE key = 'schema_version'`).Scan(&n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	switch {
+	case events == nil:
+		return fmt.Errorf("table %s is missing: %w", s.events, ErrTampered)
+	case head == nil:
+		return fmt.Errorf("table %s is missing: %w", s.head, ErrTampered)
+	}
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+s.head+` WHERE id = 1`).Scan(&n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("the audit head row is missing: %w", ErrTampered)
+	}
+	return nil
 }
 
 // AppendEvents implements audit.Store: one transaction that locks the head

@@ -217,3 +217,45 @@ func TestListenAcrossReplicas(t *testing.T) {
 		t.Errorf("ListenApprovals = %v; want context.Canceled", err)
 	}
 }
+
+// TestOpenRefusesRemovedAuditLog: an existing toolgate schema whose audit
+// tables or head row were removed is refused, not given a fresh, empty
+// chain that would verify (fail closed on anything missing).
+func TestOpenRefusesRemovedAuditLog(t *testing.T) {
+	tests := []struct {
+		name   string
+		tamper []string
+	}{
+		{"events table dropped", []string{"DROP TABLE %s.audit_events"}},
+		{"head table dropped", []string{"DROP TABLE %s.audit_head"}},
+		{"both dropped", []string{"DROP TABLE %s.audit_events", "DROP TABLE %s.audit_head"}},
+		{"head row deleted", []string{"DROP TRIGGER audit_head_no_delete ON %s.audit_head", "DELETE FROM %s.audit_head"}},
+		{"head row deleted, log empty", []string{"DROP TRIGGER audit_head_no_delete ON %s.audit_head", "DELETE FROM %s.audit_head",
+			"DROP TRIGGER audit_events_no_change ON %s.audit_events", "DELETE FROM %s.audit_events"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			schema := testSchema(t)
+			s := open(t, schema)
+			if _, err := s.AppendEvents(ctx, []audit.Event{{EventID: "e1"}}); err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+			conn := rawConn(t)
+			for _, q := range tt.tamper {
+				if _, err := conn.Exec(ctx, strings.ReplaceAll(q, "%s", schema)); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			s2, err := postgres.Open(ctx, dsn(t), &postgres.Options{Schema: schema})
+			if err == nil {
+				s2.Close()
+				t.Fatal("Open of a schema whose audit log was removed succeeded")
+			}
+			if !errors.Is(err, postgres.ErrTampered) {
+				t.Errorf("Open = %v; want ErrTampered", err)
+			}
+		})
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,6 +47,11 @@ type Options struct {
 	// of the machine; WAL is fsynced at checkpoints). "normal" saves about
 	// one fsync per committed batch.
 	Synchronous string
+	// ReadOnly opens an existing database for reading only (audit verify,
+	// audit tail): nothing is created or written, and a file that is not a
+	// toolgate database, or one whose audit tables are missing, is an
+	// error rather than a new, empty log.
+	ReadOnly bool
 }
 
 // Store is an audit.Store and an approval.Store over one SQLite file. It is
@@ -169,6 +175,9 @@ func Open(path string, opts *Options) (*Store, error) {
 			return nil, fmt.Errorf("sqlite: create folder for %s: %w", path, err)
 		}
 	}
+	if o.ReadOnly {
+		return openReadOnly(path, o)
+	}
 	dsn := fmt.Sprintf("%s?_busy_timeout=%d&_journal_mode=WAL&_synchronous=%s&_foreign_keys=1&_txlock=immediate",
 		path, o.BusyTimeout.Milliseconds(), sync)
 	db, err := sql.Open("sqlite", dsn)
@@ -201,7 +210,91 @@ func stmt(ctx context.Context, tx *sql.Tx, st *sql.Stmt) *sql.Stmt {
 	return tx.StmtContext(ctx, st)
 }
 
+// querier is what checkExisting needs of a *sql.DB or *sql.Tx.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// checkExisting refuses a toolgate database (one with a schema_version in
+// toolgate_meta) whose audit tables or head row are gone. With mustExist, a
+// database that is not a toolgate database at all is refused too.
+func checkExisting(ctx context.Context, q querier, path string, mustExist bool) error {
+	has := func(table string) (bool, error) {
+		var n int
+		err := q.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?`, table).Scan(&n)
+		return n > 0, err
+	}
+	meta, err := has("toolgate_meta")
+	if err != nil {
+		return err
+	}
+	if meta {
+		var v string
+		switch err := q.QueryRowContext(ctx, `SELECT value FROM toolgate_meta WHERE key = 'schema_version'`).Scan(&v); {
+		case errors.Is(err, sql.ErrNoRows):
+			meta = false
+		case err != nil:
+			return err
+		}
+	}
+	if !meta {
+		if mustExist {
+			return fmt.Errorf("%s is not a toolgate database (no schema_version in toolgate_meta)", path)
+		}
+		return nil
+	}
+	for _, table := range []string{"audit_events", "audit_head"} {
+		ok, err := has(table)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("sqlite: %s: table %s is missing: %w; keep the file for investigation and run toolgate audit verify on a backup", path, table, ErrTampered)
+		}
+	}
+	var n int
+	if err := q.QueryRowContext(ctx, `SELECT count(*) FROM audit_head WHERE id = 1`).Scan(&n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("sqlite: %s: the audit head row is missing: %w; keep the file for investigation", path, ErrTampered)
+	}
+	return nil
+}
+
+// openReadOnly opens path with mode=ro: no schema is created, no pragma
+// that writes is set, and the audit tables must be there.
+func openReadOnly(path string, o Options) (*Store, error) {
+	if _, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	// A URI filename (mode=ro needs one), its path percent-escaped so that
+	// '#', '%' and '&' in folder names name the file they say.
+	uri := (&url.URL{Scheme: "file", Path: abs}).String()
+	db, err := sql.Open("sqlite", fmt.Sprintf("%s?mode=ro&_busy_timeout=%d", uri, o.BusyTimeout.Milliseconds()))
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(o.MaxOpenConns)
+	s := &Store{db: db, path: path}
+	if err := checkExisting(context.Background(), db, path, true); err != nil {
+		db.Close()
+		if errors.Is(err, ErrTampered) {
+			return nil, err
+		}
+		return nil, s.openError(err)
+	}
+	return s, nil
+}
+
 func (s *Store) openError(err error) error {
+	if errors.Is(err, ErrTampered) {
+		return err
+	}
 	if code, ok := sqliteCode(err); ok {
 		switch code & 0xff {
 		case sqlite3.SQLITE_READONLY, sqlite3.SQLITE_PERM, sqlite3.SQLITE_AUTH:
@@ -221,12 +314,20 @@ func sqliteCode(err error) (int, bool) {
 	return 0, false
 }
 
+// ErrTampered is wrapped by Open when an existing toolgate database lacks
+// the audit tables or the head row: creating them afresh would start a new,
+// empty chain that verifies, hiding that the old one was removed.
+var ErrTampered = errors.New("the audit log was removed from an existing toolgate database")
+
 func (s *Store) migrate(ctx context.Context) error {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback()
+	if err := checkExisting(ctx, tx, s.path, false); err != nil {
+		return err
+	}
 	for _, q := range schema {
 		if _, err := tx.ExecContext(ctx, q); err != nil {
 			return err

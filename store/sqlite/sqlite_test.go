@@ -3,6 +3,7 @@ package sqlite_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,5 +178,130 @@ func TestAppendFailsWhenFileBecomesUnwritable(t *testing.T) {
 	}
 	if rep, err := audit.Verify(ctx, s); err != nil || !rep.OK {
 		t.Errorf("Verify = %+v, %v; want OK", rep, err)
+	}
+}
+
+// TestOpenRefusesRemovedAuditLog: an existing toolgate database whose audit
+// tables or head row were removed is refused, not given a fresh, empty
+// chain that would verify (fail closed on anything missing).
+func TestOpenRefusesRemovedAuditLog(t *testing.T) {
+	tests := []struct {
+		name   string
+		tamper []string
+	}{
+		{"events table dropped", []string{"DROP TABLE audit_events"}},
+		{"head table dropped", []string{"DROP TABLE audit_head"}},
+		{"both dropped", []string{"DROP TABLE audit_events", "DROP TABLE audit_head"}},
+		{"head row deleted", []string{"DROP TRIGGER audit_head_no_delete", "DELETE FROM audit_head"}},
+		{"head row deleted, log empty", []string{"DROP TRIGGER audit_head_no_delete", "DELETE FROM audit_head", "DELETE FROM audit_events"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "toolgate.db")
+			s := open(t, path)
+			if _, err := s.AppendEvents(context.Background(), []audit.Event{{EventID: "e1"}}); err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+			db := raw(t, path)
+			db.Exec("DROP TRIGGER audit_events_no_delete")
+			for _, q := range tt.tamper {
+				if _, err := db.Exec(q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			db.Close()
+			for _, ro := range []bool{false, true} {
+				s2, err := sqlite.Open(path, &sqlite.Options{ReadOnly: ro})
+				if err == nil {
+					s2.Close()
+					t.Fatalf("Open (read-only %v) of a database whose audit log was removed succeeded", ro)
+				}
+				if !errors.Is(err, sqlite.ErrTampered) {
+					t.Errorf("Open (read-only %v) = %v; want ErrTampered", ro, err)
+				}
+			}
+		})
+	}
+}
+
+// TestOpenReadOnly: a read-only open reads what a writer wrote (closed, or
+// still open in another connection), writes nothing, and refuses a file
+// that is not a toolgate database instead of creating the schema in it.
+func TestOpenReadOnly(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "toolgate.db")
+	w := open(t, path)
+	if _, err := w.AppendEvents(ctx, []audit.Event{{EventID: "e1"}, {EventID: "e2"}}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(name string) {
+		t.Helper()
+		r, err := sqlite.Open(path, &sqlite.Options{ReadOnly: true})
+		if err != nil {
+			t.Fatalf("%s: read-only Open: %v", name, err)
+		}
+		defer r.Close()
+		if rep, err := audit.Verify(ctx, r); err != nil || !rep.OK || rep.Checked != 2 {
+			t.Errorf("%s: Verify = %+v, %v; want OK with 2 records", name, rep, err)
+		}
+		if _, err := r.AppendEvents(ctx, []audit.Event{{EventID: "e3"}}); err == nil {
+			t.Errorf("%s: AppendEvents on a read-only store succeeded", name)
+		}
+	}
+	check("writer open")
+	w.Close()
+	check("writer closed")
+
+	other := filepath.Join(dir, "other.db")
+	db := raw(t, other)
+	if _, err := db.Exec("CREATE TABLE x (a)"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if s, err := sqlite.Open(other, &sqlite.Options{ReadOnly: true}); err == nil {
+		s.Close()
+		t.Error("read-only Open of a database that is not toolgate's succeeded")
+	} else if !strings.Contains(err.Error(), "not a toolgate database") {
+		t.Errorf("read-only Open of another database = %v; want 'not a toolgate database'", err)
+	}
+	if _, err := sqlite.Open(filepath.Join(dir, "missing.db"), &sqlite.Options{ReadOnly: true}); err == nil {
+		t.Error("read-only Open of a missing file succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "missing.db")); err == nil {
+		t.Error("read-only Open created a file")
+	}
+}
+
+// TestOpenReadOnlyOddPaths: the read-only open names its file with a URI
+// (mode=ro needs one); characters that mean something in a URI must still
+// name the file they say, never another (empty) database.
+func TestOpenReadOnlyOddPaths(t *testing.T) {
+	for _, name := range []string{"a#b", "a%20b", "a%", "a b", "a&mode=rw", "ä;b"} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := filepath.Join(t.TempDir(), name)
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, "toolgate.db")
+			w := open(t, path)
+			if _, err := w.AppendEvents(ctx, []audit.Event{{EventID: "e1"}}); err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			r, err := sqlite.Open(path, &sqlite.Options{ReadOnly: true})
+			if err != nil {
+				t.Fatalf("read-only Open: %v", err)
+			}
+			defer r.Close()
+			if rep, err := audit.Verify(ctx, r); err != nil || !rep.OK || rep.Checked != 1 {
+				t.Errorf("Verify through the read-only store = %+v, %v; want the log written (1 record)", rep, err)
+			}
+			if _, err := r.AppendEvents(ctx, []audit.Event{{EventID: "e2"}}); err == nil {
+				t.Error("AppendEvents through the read-only store succeeded")
+			}
+		})
 	}
 }
