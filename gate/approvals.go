@@ -32,6 +32,12 @@ func (g *Gate) DecideApproval(ctx context.Context, id string, approve bool, by, 
 	if store == nil {
 		return approval.Approval{}, ErrNoApprovals
 	}
+	// A decision must not be stored without its record: while the audit
+	// log cannot take one now (the store failing or stalled, the backlog
+	// full), the approval is left as it is and the approver told.
+	if err := g.admit(); err != nil {
+		return approval.Approval{}, fmt.Errorf("%w: approval %s is left undecided: %w", ErrAuditUnavailable, id, err)
+	}
 	a, err := store.GetApproval(ctx, id)
 	if err != nil {
 		return approval.Approval{}, err
@@ -77,13 +83,19 @@ func (g *Gate) DecideApproval(ctx context.Context, id string, approve bool, by, 
 }
 
 // recordApproval writes an approval event durably (a decision must not
-// vanish from the log); without a recorder it does nothing.
+// vanish from the log), or, if the store fails after the admission, queues
+// it; without a recorder it does nothing.
 func (g *Gate) recordApproval(ctx context.Context, ev audit.Event) error {
 	if g.opts.Recorder == nil {
 		return nil
 	}
 	if _, err := g.opts.Recorder.Record(ctx, ev); err != nil {
-		return fmt.Errorf("the approval was decided but its audit event could not be written: %w", err)
+		// The store failed between the admission and the write: the event
+		// is queued, never dropped (written once the store recovers, or
+		// counted in the overflow summary).
+		if d := g.opts.Recorder.RecordOrQueue(ctx, ev); d == audit.Lost {
+			return fmt.Errorf("the approval was decided but its audit event could not be written: %w", err)
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package gate_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -33,6 +34,9 @@ const recordBundle = `
 - kind: Principal
   principal_id: p
   grants: [{resource: tool, action: invoke, scope: all}]
+- kind: Principal
+  principal_id: lead
+  grants: [{resource: approval, action: decide, scope: all}]
 `
 
 var recordID = gate.Identity{Principal: "p", AgentID: "a", DeploymentMode: "production"}
@@ -249,4 +253,58 @@ func TestStalledAllowIsRefusedAndNamed(t *testing.T) {
 		}
 	}
 	t.Logf("allow written: %v", allow != nil)
+}
+
+// TestApprovalDecisionNeedsItsRecord: an approval is not decided while the
+// audit log cannot take the decision's record (the store stalled): the
+// approver is told, the approval stays pending, and nothing is decided
+// unrecorded.
+func TestApprovalDecisionNeedsItsRecord(t *testing.T) {
+	ctx := context.Background()
+	fs := storetest.MountExt4(t, 32<<20)
+	g, st, _ := newRecordGate(t, filepath.Join(fs.Dir, "toolgate.db"), &audit.RecorderOptions{StallAfter: 300 * time.Millisecond})
+	out := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_wire", Args: []byte(`{"to":"x"}`)})
+	if out.Decision.Verdict != toolgate.RequireApproval || out.ApprovalID == "" {
+		t.Fatalf("first call: %+v", out.Decision)
+	}
+	fs.Freeze(t)
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			fs.Thaw(t)
+		}
+	}
+	defer thaw()
+	// A record that stalls makes the log unable to take one at once.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`)})
+	}()
+	time.Sleep(600 * time.Millisecond)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := g.DecideApproval(ctx, out.ApprovalID, true, "lead", "ok", "test")
+		errc <- err
+	}()
+	var err error
+	select {
+	case err = <-errc:
+	case <-time.After(10 * time.Second):
+		thaw()
+		t.Fatal("DecideApproval blocked on the stalled store; it must answer at once")
+	}
+	thaw()
+	<-done
+	if !errors.Is(err, gate.ErrAuditUnavailable) {
+		t.Fatalf("deciding while the audit log cannot write: %v; want ErrAuditUnavailable", err)
+	}
+	a, gerr := st.GetApproval(ctx, out.ApprovalID)
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	if a.Status != approval.StatusPending {
+		t.Errorf("approval is %s; it must stay pending when its decision cannot be recorded", a.Status)
+	}
 }
