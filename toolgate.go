@@ -8,7 +8,10 @@
 // library, so every other package may depend on it.
 package toolgate
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Verdict is the outcome of a decision. Deny is the zero value, so a
 // Decision that was never filled in denies (DESIGN.md §2, fail closed).
@@ -276,6 +279,10 @@ type Call struct {
 	// ToolLevel asks for the tool-level verdict used for disclosure: argument
 	// conditions and resources are skipped, approval does not deny.
 	ToolLevel bool
+	// Now is when the call is decided: what expires (a delegation) is
+	// judged against it. The zero time is before everything: nothing has
+	// expired yet, except a delegation with no expiry, which denies.
+	Now time.Time
 }
 
 // Decision is the answer for one call. The zero value denies.
@@ -300,6 +307,13 @@ type Decision struct {
 	ApprovalTier ApprovalTier `json:"approval_tier,omitempty"`
 	// ApprovalUsed is true when an approval turned require_approval into allow.
 	ApprovalUsed bool `json:"approval_used,omitempty"`
+	// Disclosed is true when the tool is in the caller's disclosed set:
+	// every tool-level layer (composition, ceiling, runtime, instance,
+	// policy, tool:invoke) passed, so a refusal came from the call's
+	// arguments, resources or approval. A call of a tool that is not
+	// disclosed is answered exactly like one of a tool that does not exist
+	// (docs/design.md, "The pipeline"). The zero value hides.
+	Disclosed bool `json:"disclosed,omitempty"`
 }
 
 // Allowed reports whether the call may run.

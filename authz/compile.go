@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/cond"
@@ -611,14 +612,28 @@ type Delegation struct {
 	ID        string // the token id, for reasons and the audit log
 	Delegator string // the principal whose current grants are intersected
 	Delegate  string // the subject the delegation was handed to
-	info      *principalInfo
-	snap      *Snapshot
+	// ExpiresAt ends it: a call decided (toolgate.Call.Now) at or after it
+	// is denied at the grant layer; the zero time denies every call.
+	ExpiresAt time.Time
+	// err, when set, is why the delegation could not be compiled: every
+	// call under it is denied at the grant layer, saying so.
+	err  error
+	info *principalInfo
+	snap *Snapshot
+}
+
+// FailedDelegation is a delegation that could not be compiled (a role it
+// names is no longer declared, a grant that does not validate): every call
+// under it is denied at the grant layer with err as the reason, and
+// nothing is disclosed (fail closed).
+func (s *Snapshot) FailedDelegation(id, delegator string, err error) *Delegation {
+	return &Delegation{ID: id, Delegator: delegator, err: err, snap: s}
 }
 
 // CompileDelegation compiles grants handed by delegator to delegate.
 // Conditions (when) are compiled once here. The error names a grant that
 // does not validate.
-func (s *Snapshot) CompileDelegation(id, delegator, delegate string, grants []policy.Grant) (*Delegation, error) {
+func (s *Snapshot) CompileDelegation(id, delegator, delegate string, grants []policy.Grant, expiresAt time.Time) (*Delegation, error) {
 	env, err := cond.NewEnv()
 	if err != nil {
 		return nil, err
@@ -642,7 +657,7 @@ func (s *Snapshot) CompileDelegation(id, delegator, delegate string, grants []po
 		}
 		pi.add(s, g, gc)
 	}
-	return &Delegation{ID: id, Delegator: delegator, Delegate: delegate, info: pi, snap: s}, nil
+	return &Delegation{ID: id, Delegator: delegator, Delegate: delegate, ExpiresAt: expiresAt, info: pi, snap: s}, nil
 }
 
 // DecideDelegated decides a call made under a delegation: c.Principal must
@@ -662,8 +677,25 @@ func (s *Snapshot) DecideDelegated(c *toolgate.Call, d *Delegation) (out toolgat
 			out = internalError(c, fmt.Sprintf("internal error while deciding (fail closed): %v", r))
 		}
 	}()
+	if d.err != nil {
+		return toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeRBACToolInvoke, Layer: toolgate.LayerGrant,
+			Reason:   fmt.Sprintf("grant layer: the grants of %s cannot be applied (fail closed): %v; mint a new token", d.ID, d.err),
+			ToolName: c.Tool, EventType: toolgate.EventUnauthorized}
+	}
 	e := eval{s: s, c: c, del: d.info, delID: d.ID}
-	return e.run(nil)
+	out = e.run(nil)
+	out.Disclosed = e.disclosed
+	if c.ArgsErr != nil {
+		out.Disclosed = s.disclosedDespiteArgs(c, d)
+	}
+	if out.Verdict != toolgate.Deny && !c.Now.Before(d.ExpiresAt) {
+		out = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeRBACToolInvoke, Layer: toolgate.LayerGrant,
+			Reason: fmt.Sprintf("grant layer: %s expired at %s, so it grants nothing; mint a new one",
+				d.ID, d.ExpiresAt.UTC().Format(time.RFC3339)),
+			ToolID: out.ToolID, ToolName: c.Tool, EventType: toolgate.EventUnauthorized,
+			SideEffectClass: out.SideEffectClass, ApprovalTier: out.ApprovalTier}
+	}
+	return out
 }
 
 func (c *compiler) policies() error {
@@ -746,6 +778,45 @@ func (s *Snapshot) Tool(id string) (Tool, bool) {
 		return Tool{}, false
 	}
 	return s.tools[idx], true
+}
+
+// Lookup returns the tool a called name maps to (any spelling of its id,
+// or an announced tool's model-visible name), as Decide's first check maps
+// it; false when the name maps to no tool, or ambiguously. It decides
+// nothing: it is for routing (which executor, which built-in).
+func (s *Snapshot) Lookup(name string) (Tool, bool) {
+	var buf [toolid.MaxLen]byte
+	n, err := toolid.MapBytes(&buf, name)
+	alias, hasAlias := s.aliases[name]
+	idx := int32(-1)
+	if err == nil {
+		if i, ok := s.byID[string(buf[:n])]; ok {
+			idx = i
+		}
+	}
+	switch {
+	case hasAlias && idx >= 0 && idx != alias:
+		return Tool{}, false
+	case hasAlias:
+		idx = alias
+	}
+	if idx < 0 {
+		return Tool{}, false
+	}
+	return s.tools[idx], true
+}
+
+// Role returns the declared role id (nil when it is not declared).
+func (s *Snapshot) Role(id string) *policy.Role {
+	if s.bundle == nil {
+		return nil
+	}
+	for _, r := range s.bundle.Roles {
+		if r.RoleID == id {
+			return r
+		}
+	}
+	return nil
 }
 
 // Tools returns the catalog, in declaration order.
@@ -834,6 +905,25 @@ func (s *Snapshot) HoldsAll(principal, resource, action string) bool {
 		}
 	}
 	return false
+}
+
+// MayReadAudit reports whether principal may read the audit log: it holds
+// {resource: audit, action: read, scope: all} without a condition. Such a
+// principal is also shown the real decision of a tool it is not shown
+// (it can read every decision in the log anyway), and a resolution whole.
+func (s *Snapshot) MayReadAudit(principal string) bool {
+	return s.HoldsAll(principal, "audit", "read")
+}
+
+// ApprovalVisible reports whether principal may see an approval bound to
+// bindingPrincipal, asked by requestedBy, for toolID: its own calls' (as
+// the principal or the requester) and those it may decide, nothing else
+// (pending arguments can hold secrets).
+func (s *Snapshot) ApprovalVisible(principal, bindingPrincipal, requestedBy, toolID string) bool {
+	if principal == "" {
+		return false
+	}
+	return bindingPrincipal == principal || requestedBy == principal || s.MayDecideApproval(principal, toolID)
 }
 
 // MayDecideApproval reports whether principal holds {resource: approval,

@@ -28,7 +28,10 @@ type eval struct {
 	// skipPrincipal is set by Resolve without a principal: the grant layers
 	// are not judged.
 	skipPrincipal bool
-	vars          *cond.Vars
+	// disclosed is set once every tool-level layer passed
+	// (toolgate.Decision.Disclosed).
+	disclosed bool
+	vars      *cond.Vars
 }
 
 // Decide answers one call (DESIGN.md §2). It never returns an error: any
@@ -47,7 +50,28 @@ func (s *Snapshot) Decide(c *toolgate.Call) (d toolgate.Decision) {
 		return internalError(c, "no policy snapshot loaded (fail closed)")
 	}
 	e := eval{s: s, c: c}
-	return e.run(nil)
+	d = e.run(nil)
+	d.Disclosed = e.disclosed
+	if c.ArgsErr != nil {
+		d.Disclosed = s.disclosedDespiteArgs(c, nil)
+	}
+	return d
+}
+
+// disclosedDespiteArgs says whether the tool of a call whose arguments did
+// not parse is disclosed to the caller (its tool-level decision does not
+// deny): the arguments are refused at check 1, before the layers that say
+// so, and a visible tool's refusal must still read as one.
+func (s *Snapshot) disclosedDespiteArgs(c *toolgate.Call, del *Delegation) bool {
+	tl := *c
+	tl.ArgsErr, tl.Args, tl.ToolLevel = nil, nil, true
+	var d toolgate.Decision
+	if del != nil {
+		d = s.DecideDelegated(&tl, del)
+	} else {
+		d = s.Decide(&tl)
+	}
+	return d.Verdict != toolgate.Deny
 }
 
 // LayerResult is one layer's verdict in an explanation.
@@ -77,6 +101,10 @@ func (s *Snapshot) Explain(c *toolgate.Call) (d toolgate.Decision, trace []Layer
 	}
 	e := eval{s: s, c: c}
 	d = e.run(&trace)
+	d.Disclosed = e.disclosed
+	if c.ArgsErr != nil {
+		d.Disclosed = s.disclosedDespiteArgs(c, nil)
+	}
 	return d, trace
 }
 
@@ -168,6 +196,7 @@ func (e *eval) run(trace *[]LayerResult) toolgate.Decision {
 			skipRest(trace, 4)
 			return *first
 		}
+		e.disclosed = true
 		if trace != nil {
 			for _, l := range layerOrder[4:] {
 				*trace = append(*trace, LayerResult{Layer: l, Verdict: "pass", Reason: "control-flow tool: not gated"})
@@ -182,6 +211,12 @@ func (e *eval) run(trace *[]LayerResult) toolgate.Decision {
 	// 7: invoke grant.
 	if note(toolgate.LayerGrant, e.checkInvoke()) {
 		return *first
+	}
+	if first == nil {
+		// Disclosed as Resolve discloses: the tool-level decision does not
+		// deny. After the invoke grant only a Policy Guard can still deny a
+		// tool at the tool level (its first rule without a condition).
+		e.disclosed = e.ce.tier != toolgate.TierPolicy || !e.guardDeniesAtToolLevel()
 	}
 	// 8: resources.
 	if note(toolgate.LayerResource, e.checkResources()) {
@@ -594,6 +629,23 @@ func (e *eval) checkApproval() (*toolgate.Decision, bool) {
 	d.Verdict = toolgate.RequireApproval
 	d.EventType = toolgate.EventApprovalRequested
 	return &d, false
+}
+
+// guardDeniesAtToolLevel reports whether the Policy Guard denies the tool
+// when judged without arguments (conditional rules skipped), as Resolve
+// judges it: such a tool is not disclosed, whatever a call's arguments.
+func (e *eval) guardDeniesAtToolLevel() bool {
+	if e.c.ToolLevel {
+		effect, _, _ := e.policyGuard()
+		return effect == "deny"
+	}
+	saved := e.c
+	c := *e.c
+	c.ToolLevel = true
+	e.c = &c
+	effect, _, _ := e.policyGuard()
+	e.c = saved
+	return effect == "deny"
 }
 
 // policyGuard evaluates the Policy Guard rules for a policy-tier tool: the

@@ -2,6 +2,7 @@ package authz_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/authz"
@@ -55,7 +56,7 @@ func TestDelegationIntersection(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d, err := snap.CompileDelegation("dlg-1", "user:owner", "svc:scheduler", c.grants)
+			d, err := snap.CompileDelegation("dlg-1", "user:owner", "svc:scheduler", c.grants, farFuture)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,7 +73,7 @@ func TestDelegationIntersection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, _ := snap2.CompileDelegation("dlg-2", "user:owner", "svc:scheduler", []policy.Grant{grant("tool", "invoke", policy.Scope{Tool: "fs.read"})})
+		d, _ := snap2.CompileDelegation("dlg-2", "user:owner", "svc:scheduler", []policy.Grant{grant("tool", "invoke", policy.Scope{Tool: "fs.read"})}, farFuture)
 		got := snap2.DecideDelegated(&toolgate.Call{AgentID: "scheduler", Principal: "user:owner", Tool: "fs.read", Args: map[string]any{}}, d)
 		if got.Code != toolgate.CodeRBACToolInvoke {
 			t.Errorf("got %s, want rbac_tool_invoke", got.Code)
@@ -80,20 +81,23 @@ func TestDelegationIntersection(t *testing.T) {
 	})
 	t.Run("a delegation from another snapshot or principal denies", func(t *testing.T) {
 		other := snapshotOf(t, tokenDelegationBundle, nil)
-		d, _ := other.CompileDelegation("dlg-3", "user:owner", "svc:x", []policy.Grant{grant("tool", "invoke", all)})
+		d, _ := other.CompileDelegation("dlg-3", "user:owner", "svc:x", []policy.Grant{grant("tool", "invoke", all)}, farFuture)
 		if got := snap.DecideDelegated(&toolgate.Call{AgentID: "scheduler", Principal: "user:owner", Tool: "fs.read"}, d); got.Verdict != toolgate.Deny {
 			t.Errorf("foreign delegation allowed")
 		}
-		d2, _ := snap.CompileDelegation("dlg-4", "user:owner", "svc:x", []policy.Grant{grant("tool", "invoke", all)})
+		d2, _ := snap.CompileDelegation("dlg-4", "user:owner", "svc:x", []policy.Grant{grant("tool", "invoke", all)}, farFuture)
 		if got := snap.DecideDelegated(&toolgate.Call{AgentID: "scheduler", Principal: "user:other", Tool: "fs.read"}, d2); got.Verdict != toolgate.Deny {
 			t.Errorf("delegation used for another principal allowed")
 		}
 	})
 	t.Run("disclosure through a delegation", func(t *testing.T) {
-		d, _ := snap.CompileDelegation("dlg-5", "user:owner", "svc:x", []policy.Grant{grant("tool", "invoke", policy.Scope{Tool: "fs.read"})})
+		d, _ := snap.CompileDelegation("dlg-5", "user:owner", "svc:x", []policy.Grant{grant("tool", "invoke", policy.Scope{Tool: "fs.read"})}, farFuture)
 		r := snap.Resolve(authz.Context{AgentID: "scheduler", Principal: "user:owner", Delegation: d})
 		if len(r.Disclosed) != 1 || r.Disclosed[0] != "tool:fs-read" {
 			t.Errorf("disclosed %v, want [tool:fs-read]", r.Disclosed)
 		}
 	})
 }
+
+// farFuture is a delegation expiry no test reaches.
+var farFuture = time.Now().Add(100 * 365 * 24 * time.Hour)

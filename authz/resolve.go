@@ -1,6 +1,9 @@
 package authz
 
 import (
+	"fmt"
+	"time"
+
 	"github.com/toolgate/toolgate"
 )
 
@@ -17,6 +20,9 @@ type Context struct {
 	// Delegation, when set, narrows the grant layer to what the delegation
 	// also grants (Principal must be its delegator).
 	Delegation *Delegation `json:"-"`
+	// Now is when the resolution is asked: a delegation that expired by
+	// then discloses nothing.
+	Now time.Time `json:"-"`
 }
 
 // Removal says which layer removed a ceiling tool, with the decision code
@@ -72,6 +78,14 @@ func (s *Snapshot) Resolve(ctx Context) Resolution {
 	}
 	r := Resolution{AgentID: ctx.AgentID, DeploymentMode: mode, InstanceID: ctx.InstanceID, Environment: ctx.Environment,
 		ActiveToolSet: []string{}, Authorized: []string{}, Disclosed: []string{}, Removed: []Removal{}, Tools: []ToolStatus{}}
+	if d := ctx.Delegation; d != nil && (d.err != nil || !ctx.Now.Before(d.ExpiresAt)) {
+		reason := fmt.Sprintf("grant layer: %s expired at %s", d.ID, d.ExpiresAt.UTC().Format(time.RFC3339))
+		if d.err != nil {
+			reason = fmt.Sprintf("grant layer: the grants of %s cannot be applied (fail closed): %v", d.ID, d.err)
+		}
+		r.Removed = append(r.Removed, Removal{Layer: toolgate.LayerGrant, Code: toolgate.CodeRBACToolInvoke, Reason: reason})
+		return r
+	}
 	a := s.agents[ctx.AgentID]
 	if a == nil {
 		r.Removed = append(r.Removed, Removal{Layer: toolgate.LayerComposition, Code: toolgate.CodeUnknownAgent,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/adapter"
+	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
@@ -65,9 +66,25 @@ type scripted struct {
 	mu     sync.Mutex
 	script map[string][]error
 	calls  map[string]int
+	// answer, when set, answers every call instead (a raw result, as the
+	// direct client gives, or a decoded one).
+	answer func(c mcptool.Call) (mcptool.Result, error)
 }
 
-func (s *scripted) CallTool(ctx context.Context, server string, p *mcp.CallToolParams) (*mcp.CallToolResult, error) {
+// Run is mcptool.Executor.Run's contract: an upstream that is down or
+// timed out is transient.
+func (s *scripted) Run(ctx context.Context, c mcptool.Call) (mcptool.Result, error) {
+	if s.answer != nil {
+		return s.answer(c)
+	}
+	res, err := s.call(ctx, &mcp.CallToolParams{Name: c.Tool, Arguments: c.Args})
+	if err != nil && (errors.Is(err, upstream.ErrDown) || errors.Is(err, upstream.ErrCallTimeout)) {
+		err = adapter.Transient(err)
+	}
+	return mcptool.Result{Tool: res}, err
+}
+
+func (s *scripted) call(ctx context.Context, p *mcp.CallToolParams) (*mcp.CallToolResult, error) {
 	s.mu.Lock()
 	n := s.calls[p.Name]
 	s.calls[p.Name]++
@@ -165,8 +182,9 @@ func TestCallRetriesBySideEffectClass(t *testing.T) {
 		{"up_big", 1, false},   // capped, not failed
 	} {
 		t.Run(tc.tool, func(t *testing.T) {
-			out, cr := f.g.Call(context.Background(), gate.Request{Identity: gate.Identity{Principal: "p", AgentID: "a"},
+			out := f.g.Handle(context.Background(), gate.Request{Identity: gate.Identity{Principal: "p", AgentID: "a"},
 				Tool: tc.tool, Args: json.RawMessage(`{"x": 1}`), Via: "test"})
+			cr := out.Result
 			if !out.Decision.Allowed() {
 				t.Fatalf("decision %+v", out.Decision)
 			}
@@ -218,14 +236,16 @@ func TestCallFailsClosed(t *testing.T) {
 	id := gate.Identity{Principal: "p", AgentID: "a"}
 	t.Run("a built-in tool with no registry is refused before the decision", func(t *testing.T) {
 		f := newFixture(t, nil, false)
-		out, cr := f.g.Call(context.Background(), gate.Request{Identity: id, Tool: "sql_query", Args: json.RawMessage(`{"query": "SELECT 1"}`)})
+		out := f.g.Handle(context.Background(), gate.Request{Identity: id, Tool: "sql_query", Args: json.RawMessage(`{"query": "SELECT 1"}`)})
+		cr := out.Result
 		if out.Decision.Verdict != toolgate.Deny || out.Decision.Code != toolgate.CodeInternalError || cr.Ran {
 			t.Errorf("decision %+v ran %v", out.Decision, cr.Ran)
 		}
 	})
 	t.Run("no executor: allowed, recorded, failed", func(t *testing.T) {
 		f := newFixture(t, nil, false)
-		out, cr := f.g.Call(context.Background(), gate.Request{Identity: id, Tool: "up_fetch"})
+		out := f.g.Handle(context.Background(), gate.Request{Identity: id, Tool: "up_fetch"})
+		cr := out.Result
 		if !out.Decision.Allowed() || !cr.Failed || !errors.Is(cr.Err, gate.ErrNotExecutable) {
 			t.Errorf("decision %+v result %+v", out.Decision, cr)
 		}
@@ -233,17 +253,17 @@ func TestCallFailsClosed(t *testing.T) {
 			t.Errorf("completion %s", ev.EventType)
 		}
 	})
-	t.Run("execute refuses an outcome that does not allow", func(t *testing.T) {
+	t.Run("a refused call runs nothing", func(t *testing.T) {
 		f := newFixture(t, nil, true)
-		out := f.g.Authorize(context.Background(), gate.Request{Identity: gate.Identity{Principal: "nobody", AgentID: "a"}, Tool: "up_fetch"})
-		cr := f.g.Execute(context.Background(), gate.Request{Identity: id, Tool: "up_fetch"}, out, nil)
-		if out.Decision.Allowed() || !errors.Is(cr.Err, gate.ErrNotAllowed) || cr.Ran || f.ups.calls["fetch"] != 0 {
+		out := f.g.Handle(context.Background(), gate.Request{Identity: gate.Identity{Principal: "nobody", AgentID: "a"}, Tool: "up_fetch"})
+		if cr := out.Result; out.Decision.Allowed() || cr.Ran || f.ups.calls["fetch"] != 0 {
 			t.Errorf("decision %+v result %+v calls %d", out.Decision, cr, f.ups.calls["fetch"])
 		}
 	})
 	t.Run("malformed arguments are refused as Authorize refuses them", func(t *testing.T) {
 		f := newFixture(t, nil, true)
-		out, cr := f.g.Call(context.Background(), gate.Request{Identity: id, Tool: "up_fetch", Args: json.RawMessage(`[1]`)})
+		out := f.g.Handle(context.Background(), gate.Request{Identity: id, Tool: "up_fetch", Args: json.RawMessage(`[1]`)})
+		cr := out.Result
 		if out.Decision.Code != toolgate.CodeMalformedCall || cr.Ran {
 			t.Errorf("decision %+v", out.Decision)
 		}
@@ -274,8 +294,9 @@ func TestCallForwardRaw(t *testing.T) {
 		{"over the cap", `{"content":[{"type":"text","text":"` + strings.Repeat("x", 2000) + `"}]}`, false, false, "x"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := &gate.CallOptions{ForwardRaw: func(context.Context, json.RawMessage) (json.RawMessage, error) { return json.RawMessage(tc.raw), nil }}
-			out, cr := f.g.CallWith(context.Background(), req, opts)
+			f.ups.answer = func(mcptool.Call) (mcptool.Result, error) { return mcptool.Result{Raw: json.RawMessage(tc.raw)}, nil }
+			out := f.g.Handle(context.Background(), req)
+			cr := out.Result
 			if !out.Decision.Allowed() {
 				t.Fatalf("not allowed: %+v", out.Decision)
 			}
@@ -338,19 +359,19 @@ func TestUpstreamCannotSpeakForTheGateway(t *testing.T) {
 		}
 	}
 	t.Run("raw", func(t *testing.T) {
-		opts := &gate.CallOptions{ForwardRaw: func(context.Context, json.RawMessage) (json.RawMessage, error) { return json.RawMessage(forged), nil }}
-		_, cr := f.g.CallWith(context.Background(), req, opts)
+		f.ups.answer = func(mcptool.Call) (mcptool.Result, error) { return mcptool.Result{Raw: json.RawMessage(forged)}, nil }
+		cr := f.g.Handle(context.Background(), req).Result
 		check(t, cr)
 	})
 	t.Run("decoded", func(t *testing.T) {
-		opts := &gate.CallOptions{Forward: func(context.Context, json.RawMessage) (*mcp.CallToolResult, error) {
+		f.ups.answer = func(mcptool.Call) (mcptool.Result, error) {
 			var res mcp.CallToolResult
 			if err := json.Unmarshal([]byte(forged), &res); err != nil {
-				return nil, err
+				return mcptool.Result{}, err
 			}
-			return &res, nil
-		}}
-		_, cr := f.g.CallWith(context.Background(), req, opts)
+			return mcptool.Result{Tool: &res}, nil
+		}
+		cr := f.g.Handle(context.Background(), req).Result
 		check(t, cr)
 	})
 }

@@ -46,40 +46,40 @@ type Delegation struct {
 // token's roles.
 func (id Identity) Delegated() bool { return id.Delegation != nil }
 
-// compiledDelegation is one Delegation compiled for one snapshot.
-type compiledDelegation struct {
-	d   *authz.Delegation
-	err error
-}
-
-// delegationCache compiles each Delegation once per snapshot.
+// delegationCache compiles each Delegation once per snapshot: into an
+// authz.Delegation, or, when it cannot be compiled, into the failed one
+// that denies every call under it (the decision core says why).
 type delegationCache struct {
 	mu   sync.Mutex
 	snap *authz.Snapshot
-	m    map[*Delegation]compiledDelegation
+	m    map[*Delegation]*authz.Delegation
 }
 
 // maxCompiledDelegations bounds the cache; it is emptied when full.
 const maxCompiledDelegations = 10_000
 
-func (c *delegationCache) compile(snap *authz.Snapshot, principal string, d *Delegation) (*authz.Delegation, error) {
+func (c *delegationCache) compile(snap *authz.Snapshot, principal string, d *Delegation) *authz.Delegation {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.snap != snap || len(c.m) >= maxCompiledDelegations {
-		c.snap, c.m = snap, map[*Delegation]compiledDelegation{}
+		c.snap, c.m = snap, map[*Delegation]*authz.Delegation{}
 	}
 	if got, ok := c.m[d]; ok {
-		return got.d, got.err
+		return got
 	}
+	cd := compileDelegation(snap, principal, d)
+	c.m[d] = cd
+	return cd
+}
+
+func compileDelegation(snap *authz.Snapshot, principal string, d *Delegation) *authz.Delegation {
 	grants := d.Grants
 	if len(d.Roles) > 0 {
 		grants = slices.Clone(d.Grants)
 		for _, r := range d.Roles {
-			role := roleOf(snap, r)
+			role := snap.Role(r)
 			if role == nil {
-				err := fmt.Errorf("role %s named by token %s is no longer declared in the policy bundle", r, d.ID)
-				c.m[d] = compiledDelegation{err: err}
-				return nil, err
+				return snap.FailedDelegation(d.ID, principal, fmt.Errorf("role %s named by token %s is no longer declared in the policy bundle", r, d.ID))
 			}
 			grants = append(grants, role.Grants...)
 		}
@@ -88,74 +88,32 @@ func (c *delegationCache) compile(snap *authz.Snapshot, principal string, d *Del
 	if delegate == "" {
 		delegate = principal
 	}
-	cd, err := snap.CompileDelegation(d.ID, principal, delegate, grants)
-	c.m[d] = compiledDelegation{d: cd, err: err}
-	return cd, err
-}
-
-func roleOf(snap *authz.Snapshot, id string) *policy.Role {
-	b := snap.Bundle()
-	if b == nil {
-		return nil
+	cd, err := snap.CompileDelegation(d.ID, principal, delegate, grants, d.ExpiresAt)
+	if err != nil {
+		return snap.FailedDelegation(d.ID, principal, err)
 	}
-	for _, r := range b.Roles {
-		if r.RoleID == id {
-			return r
-		}
-	}
-	return nil
+	return cd
 }
 
 // decide is the one place the gate asks the decision core: Decide for a
 // plain identity, DecideDelegated for one under a delegation (compiled for
-// snap). An expired or uncompilable delegation denies at the grant layer.
+// snap; its expiry and a failure to compile it are the core's to judge).
 func (g *Gate) decide(snap *authz.Snapshot, call *toolgate.Call, id Identity) toolgate.Decision {
 	if id.Delegation == nil {
 		return snap.Decide(call)
 	}
-	d := id.Delegation
-	cd, err := g.dlg.compile(snap, call.Principal, d)
-	if err != nil {
-		return toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeRBACToolInvoke, Layer: toolgate.LayerGrant,
-			Reason:   fmt.Sprintf("grant layer: the grants of %s cannot be applied (fail closed): %v; mint a new token", d.ID, err),
-			ToolName: call.Tool, EventType: toolgate.EventUnauthorized}
-	}
-	out := snap.DecideDelegated(call, cd)
-	if out.Verdict != toolgate.Deny && !g.now().Before(d.ExpiresAt) {
-		out = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeRBACToolInvoke, Layer: toolgate.LayerGrant,
-			Reason: fmt.Sprintf("grant layer: %s expired at %s, so it grants nothing; mint a new one",
-				d.ID, d.ExpiresAt.UTC().Format(time.RFC3339)),
-			ToolID: out.ToolID, ToolName: call.Tool, EventType: toolgate.EventUnauthorized,
-			SideEffectClass: out.SideEffectClass, ApprovalTier: out.ApprovalTier}
-	}
-	return out
+	return snap.DecideDelegated(call, g.dlg.compile(snap, call.Principal, id.Delegation))
 }
 
-// resolve is Resolve for id, through its delegation when it has one. The
-// boolean says whether the answer may be cached for the snapshot (not when
-// the delegation expired or did not compile: then nothing is disclosed).
+// resolve is Resolve for id at now, through its delegation when it has
+// one. The boolean says whether the answer may be cached for the snapshot
+// (not under a delegation, whose expiry depends on the time).
 func (g *Gate) resolve(snap *authz.Snapshot, id Identity) (authz.Resolution, bool) {
 	ctx := id.Context()
+	ctx.Now = g.now()
 	if d := id.Delegation; d != nil {
-		reason := ""
-		cd, err := g.dlg.compile(snap, id.Principal, d)
-		switch {
-		case err != nil:
-			reason = fmt.Sprintf("grant layer: the grants of %s cannot be applied (fail closed): %v", d.ID, err)
-		case !g.now().Before(d.ExpiresAt):
-			reason = fmt.Sprintf("grant layer: %s expired at %s", d.ID, d.ExpiresAt.UTC().Format(time.RFC3339))
-		}
-		if reason != "" {
-			mode := ctx.DeploymentMode
-			if mode == "" {
-				mode = snap.Settings().DefaultDeploymentMode
-			}
-			return authz.Resolution{AgentID: ctx.AgentID, DeploymentMode: mode, InstanceID: ctx.InstanceID,
-				Environment: ctx.Environment, ActiveToolSet: []string{}, Authorized: []string{}, Disclosed: []string{},
-				Removed: []authz.Removal{{Layer: toolgate.LayerGrant, Code: toolgate.CodeRBACToolInvoke, Reason: reason}},
-				Tools:   []authz.ToolStatus{}}, false
-		}
-		ctx.Delegation = cd
+		ctx.Delegation = g.dlg.compile(snap, id.Principal, d)
+		return snap.Resolve(ctx), false
 	}
 	return snap.Resolve(ctx), true
 }

@@ -110,7 +110,7 @@ func TestAuthorizeDelegated(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			out := g.Authorize(context.Background(), gate.Request{Identity: tc.id, Tool: tc.tool, Resources: tc.res})
+			out := g.Decide(context.Background(), gate.Request{Identity: tc.id, Tool: tc.tool, Resources: tc.res})
 			if out.Decision.Code != tc.want {
 				t.Errorf("decision %s (%s), want %s", out.Decision.Code, out.Decision.Reason, tc.want)
 			}
@@ -121,7 +121,7 @@ func TestAuthorizeDelegated(t *testing.T) {
 	}
 	t.Run("the delegator losing a grant revokes it for the delegate", func(t *testing.T) {
 		id := owner(token(grant("tool", "invoke", policy.Scope{Tool: "fs_read"})))
-		if d := g.Authorize(context.Background(), gate.Request{Identity: id, Tool: "fs_read"}).Decision; d.Code != toolgate.CodeOK {
+		if d := g.Decide(context.Background(), gate.Request{Identity: id, Tool: "fs_read"}).Decision; d.Code != toolgate.CodeOK {
 			t.Fatalf("before: %s", d.Reason)
 		}
 		g2 := gate.New(compile(t, delegationBundle), nil)
@@ -133,7 +133,7 @@ func TestAuthorizeDelegated(t *testing.T) {
 - {kind: RuntimePolicy, agent_id: scheduler, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}
 - {kind: Principal, principal_id: user:owner}
 `))
-		if d := g2.Authorize(context.Background(), gate.Request{Identity: id, Tool: "fs_read"}).Decision; d.Code != toolgate.CodeRBACToolInvoke {
+		if d := g2.Decide(context.Background(), gate.Request{Identity: id, Tool: "fs_read"}).Decision; d.Code != toolgate.CodeRBACToolInvoke {
 			t.Errorf("after the reload: %s (%s), want rbac_tool_invoke", d.Code, d.Reason)
 		}
 		if got := g2.Disclose(id).Resolution.Disclosed; len(got) != 0 {
@@ -160,7 +160,7 @@ func TestDelegatedApproval(t *testing.T) {
 	id := gate.Identity{Principal: "user:owner", AgentID: "scheduler", Delegation: &gate.Delegation{ID: "dlg_w", Delegate: "svc:nightly",
 		Grants: []policy.Grant{{Resource: "tool", Action: "invoke", Scope: policy.Scope{Tool: "fs_write"}}}, ExpiresAt: time.Now().Add(time.Hour)}}
 	req := gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(`{"path":"a"}`), Via: "test"}
-	out := g.Authorize(ctx, req)
+	out := g.Decide(ctx, req)
 	if out.Decision.Verdict != toolgate.RequireApproval || out.ApprovalID == "" {
 		t.Fatalf("first call: %+v", out.Decision)
 	}
@@ -179,7 +179,7 @@ func TestDelegatedApproval(t *testing.T) {
 	if _, err := g.DecideApproval(ctx, a.ID, true, "user:lead", "ok", "test"); err != nil {
 		t.Fatal(err)
 	}
-	if out := g.Authorize(ctx, req); out.Decision.Verdict != toolgate.Allow || out.ApprovalID != a.ID {
+	if out := g.Decide(ctx, req); out.Decision.Verdict != toolgate.Allow || out.ApprovalID != a.ID {
 		t.Fatalf("approved call: %+v", out.Decision)
 	}
 	if err := rec.Flush(ctx); err != nil {
@@ -222,7 +222,7 @@ func TestRepeatedCallReusesPendingApproval(t *testing.T) {
 	id := gate.Identity{Principal: "user:owner", AgentID: "scheduler"}
 	call := func(args string) gate.Outcome {
 		t.Helper()
-		return g.Authorize(ctx, gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(args), Via: "test"})
+		return g.Decide(ctx, gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(args), Via: "test"})
 	}
 	first := call(`{"path":"a"}`)
 	if first.Decision.Verdict != toolgate.RequireApproval || first.ApprovalID == "" {
@@ -279,7 +279,7 @@ func TestPendingApprovalsAreCapped(t *testing.T) {
 	var seq atomic.Int64
 	call := func(id gate.Identity) gate.Outcome {
 		n := seq.Add(1)
-		return g.Authorize(ctx, gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(fmt.Sprintf(`{"path":"f%d"}`, n)), Via: "test"})
+		return g.Decide(ctx, gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(fmt.Sprintf(`{"path":"f%d"}`, n)), Via: "test"})
 	}
 	// Concurrent calls: the owner's own and its delegates' under many names.
 	var wg sync.WaitGroup
@@ -341,7 +341,7 @@ func TestApprovalBindsEveryIdentityField(t *testing.T) {
 	call := func(id gate.Identity) gate.Request {
 		return gate.Request{Identity: id, Tool: "fs_write", Args: json.RawMessage(`{"path":"a"}`), Via: "test"}
 	}
-	out := g.Authorize(ctx, call(base))
+	out := g.Decide(ctx, call(base))
 	if out.Decision.Verdict != toolgate.RequireApproval || out.ApprovalID == "" {
 		t.Fatalf("first call: %+v", out.Decision)
 	}
@@ -365,13 +365,13 @@ func TestApprovalBindsEveryIdentityField(t *testing.T) {
 	})
 	for name, id := range others {
 		t.Run(name, func(t *testing.T) {
-			got := g.Authorize(ctx, call(id))
+			got := g.Decide(ctx, call(id))
 			if got.Decision.Verdict == toolgate.Allow || got.ApprovalID == out.ApprovalID {
 				t.Errorf("the approval for %+v was used by a call with another %s: %+v (approval %s)", base, name, got.Decision, got.ApprovalID)
 			}
 		})
 	}
-	if got := g.Authorize(ctx, call(base)); got.Decision.Verdict != toolgate.Allow || got.ApprovalID != out.ApprovalID {
+	if got := g.Decide(ctx, call(base)); got.Decision.Verdict != toolgate.Allow || got.ApprovalID != out.ApprovalID {
 		t.Errorf("the approved call itself: %+v (approval %s)", got.Decision, got.ApprovalID)
 	}
 }

@@ -1,17 +1,18 @@
-// Package gate is the facade every enforcement point calls: it holds the
-// current policy snapshot (swapped atomically on reload), decides calls with
-// authz, turns require_approval into pending approvals and consumes granted
-// ones, and records every decision in the audit log before a tool runs
-// (DESIGN.md §3–§4). The MCP proxy, the HTTP API and the CLI's call command
-// all go through Authorize, so they cannot disagree.
+// Package gate is the pipeline every tool call takes (Handle): it holds the
+// current policy snapshot (swapped atomically on reload), decides each call
+// once with authz, turns require_approval into pending approvals and uses
+// granted ones, records every decision in the audit log before a tool runs,
+// runs allowed calls through the executor of their source, and records
+// their completion (docs/design.md, "The pipeline"). The MCP proxy, the
+// JSON API, the CLI and the Go library all call Handle; none of them
+// decides, records, forwards or counts anything itself, so they cannot
+// disagree.
 package gate
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -42,6 +43,13 @@ type Identity struct {
 	// so only Session tells two of them apart. Set by the enforcement point
 	// only.
 	Anonymous bool `json:"-"`
+	// Operator marks an identity an enforcement point took from a request
+	// it could not authenticate because it has no authentication at all
+	// (the JSON API without Identify, for a gateway bound to loopback in
+	// development, and the CLI): the person at the keyboard, who may read
+	// the audit log and every approval and is shown real decisions. Calls
+	// are still decided as Principal's. Never set from a credential.
+	Operator bool `json:"-"`
 	// Session, for an anonymous identity, names the one client it stands
 	// for here: the enforcement point sets it to a digest of the client's
 	// MCP session id ("" over the JSON API, which has no sessions). An
@@ -74,9 +82,14 @@ type Options struct {
 	Now func() time.Time
 	// Logger gets operational messages; nil discards.
 	Logger *slog.Logger
-	// Executor runs the calls Call and Execute allow (call.go); nil means
-	// they decide and record but run nothing (the call fails).
+	// Executor runs the calls Handle allows (execute.go); nil means they
+	// are decided and recorded but nothing runs (the call fails).
 	Executor *Executor
+	// Observer, when set, measures every decision Handle makes, once.
+	Observer Observer
+	// AuditLog is the audit store ReadAudit reads (the Recorder's); nil
+	// means the log cannot be read through the gate.
+	AuditLog audit.Store
 }
 
 // Gate decides, approves and records. It is safe for concurrent use.
@@ -95,6 +108,9 @@ type Gate struct {
 	// pendingMu serializes counting and creating pending approvals
 	// (approvalStep, MaxPendingApprovals).
 	pendingMu sync.Mutex
+
+	// waiters releases held calls (hold.go).
+	waiters waiters
 }
 
 // New returns a Gate deciding with snap.
@@ -163,171 +179,6 @@ func (g *Gate) Disclose(id Identity) *Disclosure {
 	return d
 }
 
-// Visible reports whether name (any spelling of a tool id) is a tool the
-// identity is shown: one in its disclosed set (Disclose), as tools/list
-// lists it. It decides at the tool level only and records nothing. An
-// enforcement point answers a call of a tool that is not visible exactly
-// like one of a tool that does not exist, and decides it with Refuse.
-func (g *Gate) Visible(id Identity, name string) bool {
-	snap := g.Snapshot()
-	d := g.decide(snap, &toolgate.Call{AgentID: id.AgentID, DeploymentMode: id.DeploymentMode, InstanceID: id.InstanceID,
-		Environment: id.Environment, Principal: id.Principal, Tool: name, ToolLevel: true}, id)
-	return d.ToolID != "" && g.Disclose(id).Disclosed[d.ToolID]
-}
-
-// Request is one tool call arriving at an enforcement point.
-type Request struct {
-	Identity
-	// Tool is the name as the model called it.
-	Tool string
-	// Args are the raw JSON arguments (an object; empty means {}).
-	Args json.RawMessage
-	// Resources are what the call touches, when an adapter can tell; the
-	// principal needs a grant on each.
-	Resources []toolgate.Resource
-	// Observed are what the call touches that no grant governs (a
-	// workspace tool's files); conditions see them.
-	Observed []toolgate.Resource
-	// CorrelationID ties the call's events together; generated when empty.
-	CorrelationID string
-	CausationID   string
-	// Via names the enforcement point ("mcp", "http", "cli") for the audit.
-	Via string
-	// DecideOnly says the caller runs the call itself, if at all (the JSON
-	// API's /v1/decide): its allow event says so (details decide_only), so
-	// a gateway restart does not mark it outcome_unknown for want of a
-	// completion toolgate never records.
-	DecideOnly bool
-}
-
-// Outcome is the answer to Authorize.
-type Outcome struct {
-	Decision toolgate.Decision
-	// Args are the decoded arguments (nil when they did not decode).
-	Args map[string]any
-	// CanonicalArgs is the canonical JSON the approval digest is taken over.
-	CanonicalArgs []byte
-	ArgsDigest    string
-	// ApprovalID is the pending approval created for a require_approval
-	// decision, or the approval an allowed call used.
-	ApprovalID string
-	// ApprovalExpires is when the pending approval expires.
-	ApprovalExpires time.Time
-	CorrelationID   string
-	// EventID is the recorded decision event's id (the causation of the
-	// completion event).
-	EventID string
-	// Started is when the decision was made.
-	Started time.Time
-	// refusedAllow is the event id of an allow whose record may still be
-	// written although the call was refused (Authorize): the refusal's
-	// event names it (causation_id, details refused_allow_event_id), so a
-	// restart does not mark that call outcome_unknown.
-	refusedAllow string
-}
-
-// ErrAuditUnavailable is wrapped when the audit log cannot make an allow
-// durable: the call is denied rather than run unrecorded.
-var ErrAuditUnavailable = errors.New("audit log unavailable")
-
-// Authorize decides a call, creates or consumes the approval it needs, and
-// records the decision. An allowed call's record is durable before
-// Authorize returns; if it cannot be made durable the outcome is a deny with
-// code internal_error. Denials are queued without delaying the answer.
-func (g *Gate) Authorize(ctx context.Context, req Request) Outcome {
-	return g.authorize(ctx, req, parseArgs(req.Args))
-}
-
-// parsed is a request's arguments, parsed once (toolgate.ParseArgs) by the
-// gate's entry verb and handed to every step after it.
-type parsed struct {
-	args toolgate.Args
-	err  error
-}
-
-func parseArgs(raw json.RawMessage) parsed {
-	a, err := toolgate.ParseArgs(raw)
-	return parsed{args: a, err: err}
-}
-
-// newOutcome starts the outcome of a request: correlation id, start time
-// and the parsed arguments.
-func (g *Gate) newOutcome(req Request, pa parsed) Outcome {
-	out := Outcome{CorrelationID: req.CorrelationID, Started: g.now()}
-	if out.CorrelationID == "" {
-		out.CorrelationID = audit.NewEventID()
-	}
-	if pa.err == nil {
-		out.Args, out.CanonicalArgs, out.ArgsDigest = pa.args.Value, pa.args.Canonical, pa.args.Digest
-	}
-	return out
-}
-
-// callOf is the call the decision core decides for a request.
-func callOf(req Request, pa parsed) toolgate.Call {
-	return toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
-		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Resources: req.Resources, Observed: req.Observed,
-		Args: pa.args.Value, ArgsErr: pa.err}
-}
-
-func (g *Gate) authorize(ctx context.Context, req Request, pa parsed) Outcome {
-	out := g.newOutcome(req, pa)
-	snap := g.Snapshot()
-	call := callOf(req, pa)
-	d := g.decide(snap, &call, req.Identity)
-	if d.Verdict != toolgate.Deny {
-		// Before anything could run (or an approval be used): can the
-		// audit log take the record? If not, refuse now.
-		if err := g.admit(); err != nil {
-			out.Decision = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeInternalError, Layer: toolgate.LayerInternal,
-				Reason: fmt.Sprintf("internal layer: the call is refused before anything runs because the audit log cannot record it now: %v; retry once the audit store writes again (/readyz)", err),
-				ToolID: d.ToolID, ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
-			g.record(ctx, req, &out, false)
-			return out
-		}
-	}
-	if d.Verdict == toolgate.RequireApproval {
-		d = g.approvalStep(ctx, req, &call, snap, d, &out)
-	}
-	out.Decision = d
-	if d.Verdict == toolgate.Allow {
-		if err := g.record(ctx, req, &out, true); err != nil {
-			out.Decision = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeInternalError, Layer: toolgate.LayerInternal,
-				Reason: fmt.Sprintf("the audit log cannot record this allow, so the call is refused rather than run unrecorded: %v", err),
-				ToolID: d.ToolID, ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
-			if errors.Is(err, audit.ErrMaybeWritten) {
-				// The allow may still reach the log: the refusal names it,
-				// so the log shows the call did not run.
-				req.CausationID, out.refusedAllow = out.EventID, out.EventID
-			}
-			g.record(ctx, req, &out, false)
-		}
-		return out
-	}
-	g.record(ctx, req, &out, false)
-	return out
-}
-
-// Refuse decides and records a call that the enforcement point will not
-// run because the caller was never shown this name (a hidden tool, or a
-// spelling other than the one listed). No approval is created or consumed,
-// and nothing runs. A decision that would not deny is recorded as
-// unknown_tool: the name is not one this client was shown.
-func (g *Gate) Refuse(ctx context.Context, req Request) Outcome {
-	pa := parseArgs(req.Args)
-	out := g.newOutcome(req, pa)
-	call := callOf(req, pa)
-	d := g.decide(g.Snapshot(), &call, req.Identity)
-	if d.Verdict != toolgate.Deny {
-		d = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeUnknownTool, Layer: toolgate.LayerComposition,
-			Reason: fmt.Sprintf("composition layer: %q is not a tool name this client was shown (tools/list); call a listed tool by its listed name", req.Tool),
-			ToolID: d.ToolID, ToolName: req.Tool, EventType: toolgate.EventUnauthorized}
-	}
-	out.Decision = d
-	g.record(ctx, req, &out, false)
-	return out
-}
-
 // MaxPendingApprovals is how many approvals may be pending at a time for
 // one agent's calls made with one principal's authority (its own and its
 // delegates'); a call past that still needs approval but is not queued (so
@@ -335,8 +186,8 @@ func (g *Gate) Refuse(ctx context.Context, req Request) Outcome {
 // approvers).
 const MaxPendingApprovals = 50
 
-// approvalStep consumes a matching approval (turning the decision into an
-// allow) or creates a pending one.
+// approvalStep uses a matching approval (the decision core then allows the
+// call: it is decided again, with the approval) or creates a pending one.
 func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Call, snap *authz.Snapshot, d toolgate.Decision, out *Outcome) toolgate.Decision {
 	store := g.opts.Approvals
 	if store == nil {
@@ -526,9 +377,9 @@ type Result struct {
 	Details map[string]any
 }
 
-// Complete records agent.tool.completed or agent.tool.failed for an allowed
+// complete records agent.tool.completed or agent.tool.failed for an allowed
 // call, with the output digest, returned bytes, attempts and duration.
-func (g *Gate) Complete(ctx context.Context, req Request, out Outcome, res Result) {
+func (g *Gate) complete(ctx context.Context, req Request, out Outcome, res Result) {
 	rec := g.opts.Recorder
 	if rec == nil {
 		return

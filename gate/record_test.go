@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/gate"
@@ -77,19 +78,19 @@ func TestDenialDurableBeforeAnswer(t *testing.T) {
 		code toolgate.Code
 	}{
 		{"not in the ceiling", func() gate.Outcome {
-			return g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_delete", Args: []byte(`{}`)})
+			return g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_delete", Args: []byte(`{}`)})
 		}, toolgate.CodeNotInCeiling},
 		{"unknown tool", func() gate.Outcome {
-			return g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_nothing", Args: []byte(`{}`)})
+			return g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_nothing", Args: []byte(`{}`)})
 		}, toolgate.CodeUnknownTool},
 		{"malformed arguments", func() gate.Outcome {
-			return g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{"a":1,"a":2}`)})
+			return g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{"a":1,"a":2}`)})
 		}, toolgate.CodeMalformedCall},
 		{"hidden tool", func() gate.Outcome {
-			return g.Refuse(ctx, gate.Request{Identity: recordID, Tool: "up_secret", Args: []byte(`{}`)})
+			return g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_secret", Args: []byte(`{}`)})
 		}, toolgate.CodeUnknownTool},
 		{"approval required", func() gate.Outcome {
-			return g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_wire", Args: []byte(`{}`)})
+			return g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_wire", Args: []byte(`{}`)})
 		}, toolgate.CodeApprovalRequired},
 	}
 	for _, tt := range tests {
@@ -123,7 +124,7 @@ func TestFullBacklogRefusesBeforeAnything(t *testing.T) {
 	g, st, rec := newRecordGate(t, filepath.Join(fs.Dir, "toolgate.db"),
 		&audit.RecorderOptions{MaxQueued: 50, RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond})
 	// An approved approval for up_wire, ready to be used.
-	out := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_wire", Args: []byte(`{}`)})
+	out := g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_wire", Args: []byte(`{}`)})
 	if out.ApprovalID == "" {
 		t.Fatalf("no approval asked: %+v", out.Decision)
 	}
@@ -132,13 +133,13 @@ func TestFullBacklogRefusesBeforeAnything(t *testing.T) {
 	}
 	free := fs.Fill(t)
 	for i := 0; rec.Stats().Overflowed == 0; i++ {
-		g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_delete", Args: []byte(`{}`)})
+		g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_delete", Args: []byte(`{}`)})
 		if i > 10_000 {
 			t.Fatalf("the backlog never filled: %+v", rec.Stats())
 		}
 	}
 	for _, tool := range []string{"up_read", "up_wire"} {
-		out := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: tool, Args: []byte(`{}`)})
+		out := g.Decide(ctx, gate.Request{Identity: recordID, Tool: tool, Args: []byte(`{}`)})
 		d := out.Decision
 		if d.Verdict != toolgate.Deny || d.Code != toolgate.CodeInternalError || d.Layer != toolgate.LayerInternal ||
 			!strings.Contains(d.Reason, "audit backlog is full") {
@@ -173,7 +174,7 @@ func TestFullBacklogRefusesBeforeAnything(t *testing.T) {
 		t.Errorf("%d overflow summaries; want 1", n)
 	}
 	// With the store back, the approved call runs (is allowed) again.
-	if out := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_wire", Args: []byte(`{}`)}); out.Decision.Verdict != toolgate.Allow {
+	if out := g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_wire", Args: []byte(`{}`)}); out.Decision.Verdict != toolgate.Allow {
 		t.Errorf("the approved call after recovery: %+v", out.Decision)
 	}
 }
@@ -183,13 +184,22 @@ func TestFullBacklogRefusesBeforeAnything(t *testing.T) {
 func TestDecideOnlyIsMarked(t *testing.T) {
 	ctx := context.Background()
 	g, st, rec := newRecordGate(t, filepath.Join(t.TempDir(), "toolgate.db"), nil)
-	only := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`), Via: "http", DecideOnly: true})
-	runs := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`), Via: "http"})
-	if !only.Decision.Allowed() || !runs.Decision.Allowed() {
-		t.Fatalf("decisions %+v %+v", only.Decision, runs.Decision)
-	}
+	only := g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`), Via: "http", DecideOnly: true})
+	// A call that runs, and whose completion is lost: the gateway stops
+	// (the recorder closes) while the tool runs.
+	running, release := make(chan struct{}), make(chan struct{})
+	gr := gate.New(compile(t, recordBundle), &gate.Options{Recorder: rec, Approvals: st, Executor: &gate.Executor{
+		Upstreams: blockingUpstream{running, release}}})
+	done := make(chan gate.Outcome, 1)
+	go func() { done <- gr.Handle(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`), Via: "http"}) }()
+	<-running
 	if err := rec.Close(ctx); err != nil {
 		t.Fatal(err)
+	}
+	close(release)
+	runs := <-done
+	if !only.Decision.Allowed() || !runs.Decision.Allowed() {
+		t.Fatalf("decisions %+v %+v", only.Decision, runs.Decision)
 	}
 	rep, err := audit.Recover(ctx, st, nil)
 	if err != nil {
@@ -209,11 +219,11 @@ func TestStalledAllowIsRefusedAndNamed(t *testing.T) {
 	ctx := context.Background()
 	fs := storetest.MountExt4(t, 32<<20)
 	g, st, rec := newRecordGate(t, filepath.Join(fs.Dir, "toolgate.db"), &audit.RecorderOptions{StallAfter: 300 * time.Millisecond})
-	if out := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`)}); !out.Decision.Allowed() {
+	if out := g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`)}); !out.Decision.Allowed() {
 		t.Fatalf("before the freeze: %+v", out.Decision)
 	}
 	fs.Freeze(t)
-	out := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{"n":1}`), CausationID: "req-1"})
+	out := g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{"n":1}`), CausationID: "req-1"})
 	fs.Thaw(t)
 	if d := out.Decision; d.Code != toolgate.CodeInternalError || !strings.Contains(d.Reason, "stopped answering") {
 		t.Fatalf("allow in a stalled append: %s %q; want internal_error saying the store stopped answering", d.Code, d.Reason)
@@ -263,7 +273,7 @@ func TestApprovalDecisionNeedsItsRecord(t *testing.T) {
 	ctx := context.Background()
 	fs := storetest.MountExt4(t, 32<<20)
 	g, st, _ := newRecordGate(t, filepath.Join(fs.Dir, "toolgate.db"), &audit.RecorderOptions{StallAfter: 300 * time.Millisecond})
-	out := g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_wire", Args: []byte(`{"to":"x"}`)})
+	out := g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_wire", Args: []byte(`{"to":"x"}`)})
 	if out.Decision.Verdict != toolgate.RequireApproval || out.ApprovalID == "" {
 		t.Fatalf("first call: %+v", out.Decision)
 	}
@@ -280,7 +290,7 @@ func TestApprovalDecisionNeedsItsRecord(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		g.Authorize(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`)})
+		g.Decide(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`)})
 	}()
 	time.Sleep(600 * time.Millisecond)
 	errc := make(chan error, 1)
@@ -307,4 +317,14 @@ func TestApprovalDecisionNeedsItsRecord(t *testing.T) {
 	if a.Status != approval.StatusPending {
 		t.Errorf("approval is %s; it must stay pending when its decision cannot be recorded", a.Status)
 	}
+}
+
+// blockingUpstream signals running when a call reaches it and answers once
+// release is closed.
+type blockingUpstream struct{ running, release chan struct{} }
+
+func (b blockingUpstream) Run(ctx context.Context, c mcptool.Call) (mcptool.Result, error) {
+	close(b.running)
+	<-b.release
+	return mcptool.Result{Raw: []byte(`{"content":[{"type":"text","text":"ok"}]}`)}, nil
 }

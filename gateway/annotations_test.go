@@ -92,11 +92,11 @@ func TestAnnouncementsNeverLowerRisk(t *testing.T) {
 	}
 	// The ceiling entry says read for claims_read: the tool's own class
 	// (write) applies, so the MCP write rule asks for approval.
-	out := g.gw.Gate.Authorize(context.Background(), gateRequest("user:p", "a", "ann_claims_read"))
+	out := g.gw.Gate.Decide(context.Background(), gateRequest("user:p", "a", "ann_claims_read"))
 	if out.Decision.Verdict != toolgate.RequireApproval || out.Decision.SideEffectClass != toolgate.SideEffectWrite {
 		t.Errorf("claims_read: %+v; want require_approval as write", out.Decision)
 	}
-	out = g.gw.Gate.Authorize(context.Background(), gateRequest("user:p", "a", "ann_reviewed_read"))
+	out = g.gw.Gate.Decide(context.Background(), gateRequest("user:p", "a", "ann_reviewed_read"))
 	if out.Decision.Verdict != toolgate.Allow {
 		t.Errorf("reviewed_read (a Tool document says read): %+v; want allow", out.Decision)
 	}

@@ -67,7 +67,8 @@ func TestEnforcementPointsAgree(t *testing.T) {
 			}
 
 			// Go API.
-			out, cr := e.gw.Gate.Call(context.Background(), gate.Request{Identity: id, Tool: tc.tool, Args: json.RawMessage(tc.args), Via: "go"})
+			out := e.gw.Gate.Handle(context.Background(), gate.Request{Identity: id, Tool: tc.tool, Args: json.RawMessage(tc.args), Via: "go"})
+			cr := out.Result
 			if diff := cmp.Diff(want, verdict{out.Decision.Verdict.String(), string(out.Decision.Code)}); diff != "" {
 				t.Errorf("Go API (-want +got):\n%s%s", diff, out.Decision.Reason)
 			}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/adapter"
+	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/builtin/registry"
@@ -222,7 +223,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	bt := prep.Builtins
 	gw.Builtins = bt
 	executor := &gate.Executor{Builtins: bt, BaseDir: cfg.BundleDir}
-	gw.Gate = gate.New(snap, &gate.Options{Recorder: gw.Rec, Approvals: store, Logger: log, Executor: executor})
+	gw.Gate = gate.New(snap, &gate.Options{Recorder: gw.Rec, Approvals: store, Logger: log, Executor: executor,
+		Observer: gw.Metrics, AuditLog: store})
 	gw.Gate.RecordEvent(bundleEvent(toolgate.EventBundleLoaded, cfg.BundleDir, "the bundle was loaded", nil))
 	gw.bundleGen = 1
 	gw.Metrics.BundleLoaded(gw.bundleGen)
@@ -233,9 +235,9 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	}
 	gw.Ups = ups
 	if ups != nil {
-		// The MCP proxy observes the calls it forwards; this observes the
-		// others (the JSON API's /v1/tools/call).
-		executor.Upstreams = observedUpstreams{ups, gw.Metrics}
+		// The one forwarder of upstream tool calls, whichever entry point
+		// they came through; it measures every attempt.
+		executor.Upstreams = &mcptool.Executor{Upstreams: ups, Observer: gw.Metrics}
 	}
 	gw.Proxy = mcpproxy.New(gw.Gate, ups, prep.Identities, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics,
 		Registerer: gw.Metrics.Registry()})
@@ -249,7 +251,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", gw.Proxy.Handler())
 	// The JSON API also serves /healthz, /readyz and /metrics.
-	mux.Handle("/", gw.Proxy.OriginGuard(httpapi.New(gw.Gate, &httpapi.Options{Metrics: gw.Metrics, Ready: gw.Ready, Audit: store, Logger: log,
+	mux.Handle("/", gw.Proxy.OriginGuard(httpapi.New(gw.Gate, &httpapi.Options{Metrics: gw.Metrics, Ready: gw.Ready, Logger: log,
 		Identify: gw.identifyHTTP})))
 	mux.Handle("/v1/delegations", gw.Proxy.OriginGuard(gw.delegationsHandler())) // identity.go
 	if cfg.Mount != nil {
@@ -695,27 +697,6 @@ func resultCap(b *policy.Bundle) int {
 		return 0
 	}
 	return b.Settings[0].ResultMaxKiB * 1024
-}
-
-// observedUpstreams is the executor's way to the upstreams, timing each call
-// for toolgate_upstream_call_duration_seconds.
-type observedUpstreams struct {
-	ups *upstream.Manager
-	m   *metrics.Metrics
-}
-
-func (o observedUpstreams) CallTool(ctx context.Context, name string, params *mcp.CallToolParams) (*mcp.CallToolResult, error) {
-	start := time.Now()
-	res, err := o.ups.CallTool(ctx, name, params)
-	outcome := metrics.OutcomeOK
-	switch {
-	case err != nil:
-		outcome = metrics.OutcomeError
-	case res.IsError:
-		outcome = metrics.OutcomeToolError
-	}
-	o.m.UpstreamCall(name, outcome, time.Since(start))
-	return res, err
 }
 
 // Generation counts successful compilations.

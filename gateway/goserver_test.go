@@ -137,7 +137,7 @@ func TestCeilingBelowAnnouncedClass(t *testing.T) {
 	if !strings.Contains(line, "tool:ev-test-simple-text declares read, the tool is write") || strings.Contains(line, "image-content") {
 		t.Errorf("warning %q", line)
 	}
-	out := g.gw.Gate.Authorize(context.Background(), gate.Request{Identity: gate.Identity{Principal: "user:p", AgentID: "a"},
+	out := g.gw.Gate.Decide(context.Background(), gate.Request{Identity: gate.Identity{Principal: "user:p", AgentID: "a"},
 		Tool: "ev_test_simple_text", Args: json.RawMessage(`{}`), Via: "test"})
 	if out.Decision.SideEffectClass != toolgate.SideEffectWrite || out.Decision.Verdict != toolgate.RequireApproval {
 		t.Errorf("decision %+v, want the tool's own class write (approval required)", out.Decision)

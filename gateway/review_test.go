@@ -63,23 +63,30 @@ func TestReviewFindings(t *testing.T) {
 			}
 		}
 	})
-	t.Run("another spelling of a visible tool is refused with no side effects", func(t *testing.T) {
-		for _, name := range []string{"tool:fs-write-file", "fs-write-file", "fs.write.file"} {
-			_, err := call(t, dev, name, map[string]any{"path": filepath.Join(ws, "x.txt"), "content": "x"})
-			if e := rpcErr(t, err); !strings.Contains(e.Message, "unknown tool") {
-				t.Errorf("%s: %v", name, e)
+	t.Run("another spelling of a visible tool is that tool", func(t *testing.T) {
+		// One rule for visibility on every entry point: a name is visible
+		// when it maps to a tool disclosed to the caller, whatever its
+		// spelling; it is decided as that tool (here: it needs approval),
+		// and the same call gets the same approval.
+		var ids []string
+		for _, name := range []string{"fs_write_file", "tool:fs-write-file", "fs-write-file", "fs.write.file"} {
+			res, err := call(t, dev, name, map[string]any{"path": filepath.Join(ws, "x.txt"), "content": "x"})
+			if err != nil || !res.IsError || structured(t, res)["code"] != "approval_required" {
+				t.Errorf("%s: %v %v", name, err, res)
+				continue
 			}
+			ids = append(ids, fmt.Sprint(structured(t, res)["approval_id"]))
 		}
 		pending, err := g.gw.Store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}})
-		if err != nil || len(pending) != 0 {
-			t.Errorf("a hidden spelling created approvals: %v %v", pending, err)
+		if err != nil || len(pending) != 1 || len(ids) != 4 || ids[1] != ids[0] || ids[3] != ids[0] {
+			t.Errorf("spellings of one call: approvals %v pending %v %v; want one, shared", ids, pending, err)
 		}
 		g.gw.Rec.Flush(ctx)
 		evs, _ := audit.ReadEvents(ctx, g.gw.Store, 1, 100000)
 		for _, e := range evs {
 			if strings.HasPrefix(e.ToolName, "tool:fs-write") || e.ToolName == "fs.write.file" || e.ToolName == "fs-write-file" {
-				if e.Verdict != "deny" || e.Code != "unknown_tool" {
-					t.Errorf("%s recorded as %s/%s", e.ToolName, e.Verdict, e.Code)
+				if e.ToolID != "tool:fs-write-file" || e.Code != "approval_required" {
+					t.Errorf("%s recorded as %s %s/%s", e.ToolName, e.ToolID, e.Verdict, e.Code)
 				}
 			}
 		}

@@ -192,7 +192,7 @@ func TestMetricsMoveThroughGateway(t *testing.T) {
 			`toolgate_decisions_total{code="ok",layer="",verdict="allow",via="http"}`:    1,
 			`toolgate_decision_duration_seconds_count{via="mcp"}`:                        1,
 			`toolgate_decision_duration_seconds_count{via="http"}`:                       1,
-			`toolgate_mcp_tools_call_path_total{path="sdk"}`:                             1, // stdio: the SDK's path
+			`toolgate_mcp_tools_call_path_total{path="fast"}`:                            1, // stdio too: the caller is the call's own stream
 			`toolgate_upstream_call_duration_seconds_count{outcome="ok",upstream="odd"}`: 2, // MCP and the JSON API
 			`toolgate_audit_events_total{event_type="agent.tool.authorized"}`:            2,
 		} {

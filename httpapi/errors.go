@@ -64,7 +64,9 @@ type ErrorDetail struct {
 //
 //   - *Error: as it is.
 //   - *http.MaxBytesError: 413 body_too_large.
-//   - gate.ErrSelfApproval: 403 self_approval; gate.ErrNotApprover: 403 not_approver.
+//   - gate.ErrSelfApproval: 403 self_approval; gate.ErrNotApprover: 403 not_approver;
+//     gate.ErrNotAuditor: 403 not_auditor; gate.ErrNoApprovals: 501
+//     no_approval_store; gate.ErrNoAuditLog: 501 no_audit_store.
 //   - approval.ErrNotFound: 404 not_found; approval.ErrNotPending: 409
 //     approval_not_pending; approval.ErrExpired: 409 approval_expired;
 //     approval.ErrInvalid: 400 bad_request.
@@ -91,6 +93,12 @@ func Classify(err error) *Error {
 		return &Error{Status: http.StatusForbidden, Code: "self_approval", Message: err.Error(), Err: err}
 	case errors.Is(err, gate.ErrNotApprover):
 		return &Error{Status: http.StatusForbidden, Code: "not_approver", Message: err.Error(), Err: err}
+	case errors.Is(err, gate.ErrNotAuditor):
+		return &Error{Status: http.StatusForbidden, Code: "not_auditor", Message: err.Error(), Err: err}
+	case errors.Is(err, gate.ErrNoApprovals):
+		return &Error{Status: http.StatusNotImplemented, Code: "no_approval_store", Message: err.Error(), Err: err}
+	case errors.Is(err, gate.ErrNoAuditLog):
+		return &Error{Status: http.StatusNotImplemented, Code: "no_audit_store", Message: err.Error(), Err: err}
 	case errors.Is(err, approval.ErrNotFound):
 		return &Error{Status: http.StatusNotFound, Code: "not_found", Message: err.Error(), Err: err}
 	case errors.Is(err, approval.ErrNotPending):

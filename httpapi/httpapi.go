@@ -44,7 +44,6 @@ import (
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
-	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/metrics"
 )
@@ -65,8 +64,8 @@ const (
 // Options configures New; nil is valid (no metrics, always ready, no
 // authentication, no audit reading, a discarding logger).
 type Options struct {
-	// Metrics, when set, is served on /metrics and counts every decision
-	// made through /v1/decide.
+	// Metrics, when set, is served on /metrics (the gate counts the
+	// decisions: gate.Options.Observer).
 	Metrics *metrics.Metrics
 	// Ready reports why the gateway should not take traffic (for example
 	// the audit store failing); /readyz answers 503 with its error. The
@@ -78,8 +77,6 @@ type Options struct {
 	// and deployment mode come only from the identity; a body naming
 	// other values is refused with 403.
 	Identify func(r *http.Request) (gate.Identity, error)
-	// Audit is the audit log /v1/audit reads; nil answers 501 there.
-	Audit audit.Store
 	// Logger gets request failures (5xx, panics); nil discards.
 	Logger *slog.Logger
 }
@@ -307,6 +304,15 @@ func writeText(w http.ResponseWriter, status int, text string) {
 	_, _ = w.Write([]byte(text))
 }
 
+// reader is who reads the approvals or the audit log: the authenticated
+// identity, or without Identify the operator.
+func (s *server) reader(r *http.Request) (gate.Identity, error) {
+	if id, ok := authenticated(r); ok {
+		return id, nil
+	}
+	return gate.Identity{Operator: true}, nil
+}
+
 // identity returns who a /v1/resolve or /v1/decide request acts as: the
 // authenticated identity, which the body may only repeat, or, without
 // Identify, the body's fields (agent_id required).
@@ -317,7 +323,7 @@ func (s *server) identity(r *http.Request, f IdentityFields) (gate.Identity, err
 			return gate.Identity{}, apiError(http.StatusBadRequest, "bad_request", "agent_id is required")
 		}
 		return gate.Identity{Principal: f.Principal, AgentID: f.AgentID, InstanceID: f.InstanceID,
-			Environment: f.Environment, DeploymentMode: f.DeploymentMode}, nil
+			Environment: f.Environment, DeploymentMode: f.DeploymentMode, Operator: true}, nil
 	}
 	defMode := s.g.Snapshot().Settings().DefaultDeploymentMode
 	mode := func(m string) string {
@@ -353,58 +359,19 @@ func (s *server) resolve(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	res := s.g.Disclose(id).Resolution
-	if _, ok := authenticated(r); ok && !s.g.Snapshot().HoldsAll(id.Principal, "audit", "read") {
-		res = disclosedOnly(res)
-	}
-	writeJSON(w, http.StatusOK, res)
+	writeJSON(w, http.StatusOK, s.g.Resolve(id))
 	return nil
 }
 
-// disclosedOnly is a resolution cut down to what its caller may see: the
-// disclosed tools, and nothing of the others (not even that they exist or
-// which layer removed them), as tools/list shows it. Callers holding
-// audit:read, who can read every decision in the audit log anyway, get the
-// whole resolution.
-func disclosedOnly(res authz.Resolution) authz.Resolution {
-	shown := make(map[string]bool, len(res.Disclosed))
-	for _, t := range res.Disclosed {
-		shown[t] = true
+// shown is the decision a caller is told: the real one, except for a tool
+// it is not shown, which is answered as a name that is no tool at all (no
+// existence oracle), unless the gate says it may be told (it reads the
+// audit log anyway: gate.Outcome.Reveal).
+func shown(out gate.Outcome, name string) toolgate.Decision {
+	if out.Visible || out.Reveal {
+		return out.Decision
 	}
-	keep := func(ids []string) []string {
-		out := []string{}
-		for _, t := range ids {
-			if shown[t] {
-				out = append(out, t)
-			}
-		}
-		return out
-	}
-	res.ActiveToolSet, res.Authorized = keep(res.ActiveToolSet), keep(res.Authorized)
-	res.Removed = []authz.Removal{}
-	tools := []authz.ToolStatus{}
-	for _, t := range res.Tools {
-		if shown[t.ToolID] {
-			tools = append(tools, t)
-		}
-	}
-	res.Tools = tools
-	return res
-}
-
-// visibility says how a call of name is handled for the caller: hidden is
-// true when the authenticated caller is not shown the tool, and the call is
-// then decided with Refuse (recorded, never allowed, run or put up for
-// approval), as MCP decides a tool it never listed; conceal is true when
-// the answer must moreover be an unknown tool's (no existence oracle),
-// which is spared to principals holding audit:read (they can read every
-// decision in the audit log anyway). Requests without authentication (a
-// local operator naming the identity) are decided in full.
-func (s *server) visibility(r *http.Request, id gate.Identity, name string) (hidden, conceal bool) {
-	if _, ok := authenticated(r); !ok || s.g.Visible(id, name) {
-		return false, false
-	}
-	return true, !s.g.Snapshot().HoldsAll(id.Principal, "audit", "read")
+	return unknownTool(name)
 }
 
 // unknownTool is the decision a caller gets for a tool it cannot see, the
@@ -442,25 +409,11 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	start := time.Now()
 	// The decision and its record complete even if the client goes away,
 	// so the audit log says what was decided, not that recording failed.
-	greq := gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
-		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via, DecideOnly: true}
-	var out gate.Outcome
-	hidden, conceal := s.visibility(r, id, req.Tool)
-	if hidden {
-		// Decided and recorded as MCP does for a tool it never listed:
-		// no approval is created or used, nothing runs.
-		out = s.g.Refuse(context.WithoutCancel(r.Context()), greq)
-	} else {
-		out = s.g.AuthorizeInspected(context.WithoutCancel(r.Context()), greq)
-	}
-	d := out.Decision
-	if conceal {
-		d = unknownTool(req.Tool)
-	}
-	s.o.Metrics.Decision(Via, d, time.Since(start))
+	out := s.g.Handle(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
+		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via, DecideOnly: true})
+	d := shown(out, req.Tool)
 	resp := DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
 		ToolID: d.ToolID, EventType: string(d.EventType), ApprovalID: out.ApprovalID, ApprovalExpiresAt: out.ApprovalExpires,
 		CorrelationID: out.CorrelationID}
@@ -485,14 +438,6 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func (s *server) approvals() (approval.Store, error) {
-	st := s.g.Approvals()
-	if st == nil {
-		return nil, apiError(http.StatusNotImplemented, "no_approval_store", "this gateway has no approval store")
-	}
-	return st, nil
-}
-
 // limitParam reads a positive integer query parameter, def when absent.
 func limitParam(r *http.Request, name string, def int) (int, error) {
 	v := r.URL.Query().Get(name)
@@ -507,10 +452,6 @@ func limitParam(r *http.Request, name string, def int) (int, error) {
 }
 
 func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) error {
-	st, err := s.approvals()
-	if err != nil {
-		return err
-	}
 	f := approval.Filter{}
 	switch q := r.URL.Query().Get("status"); q {
 	case "", string(approval.StatusPending):
@@ -526,28 +467,20 @@ func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) error {
 			f.Status = append(f.Status, stt)
 		}
 	}
+	var err error
 	if f.Limit, err = limitParam(r, "limit", MaxLimit); err != nil {
 		return err
 	}
-	as, err := st.ListApprovals(r.Context(), f)
+	id, err := s.reader(r)
 	if err != nil {
 		return err
 	}
 	// A caller sees the approvals its own calls asked for and those it may
-	// decide (approval:decide on the tool), nothing else: pending
-	// arguments can hold secrets.
-	if id, ok := authenticated(r); ok {
-		snap := s.g.Snapshot()
-		kept := as[:0]
-		for _, a := range as {
-			if a.Binding.Principal == id.Principal || a.RequestedBy == id.Principal || snap.MayDecideApproval(id.Principal, a.Binding.ToolID) {
-				kept = append(kept, a)
-			}
-		}
-		as = kept
-	}
-	if as == nil {
-		as = []approval.Approval{}
+	// decide, nothing else (the gate's rule): pending arguments can hold
+	// secrets.
+	as, err := s.g.ListApprovals(r.Context(), id, f)
+	if err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, ApprovalList{Approvals: as})
 	return nil
@@ -555,10 +488,6 @@ func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) error {
 
 func (s *server) decideApproval(approve bool) handler {
 	return func(w http.ResponseWriter, r *http.Request) error {
-		st, err := s.approvals()
-		if err != nil {
-			return err
-		}
 		var req ApprovalDecisionRequest
 		if err := decodeJSON(w, r, &req, true); err != nil {
 			return err
@@ -571,7 +500,6 @@ func (s *server) decideApproval(approve bool) handler {
 		if id.Principal == "" {
 			return apiError(http.StatusForbidden, "no_identity", "the authenticated identity names no principal, so it cannot decide approvals")
 		}
-		_ = st
 		a, err := s.g.DecideApproval(context.WithoutCancel(r.Context()), r.PathValue("id"), approve, id.Principal, req.Reason, Via)
 		if err != nil {
 			return err
@@ -582,13 +510,6 @@ func (s *server) decideApproval(approve bool) handler {
 }
 
 func (s *server) audit(w http.ResponseWriter, r *http.Request) error {
-	if s.o.Audit == nil {
-		return apiError(http.StatusNotImplemented, "no_audit_store", "this gateway serves no audit log")
-	}
-	if id, ok := authenticated(r); ok && !s.g.Snapshot().HoldsAll(id.Principal, "audit", "read") {
-		return apiError(http.StatusForbidden, "not_auditor",
-			"principal %s may not read the audit log; grant {resource: audit, action: read, scope: all}", id.Principal)
-	}
 	from := int64(1)
 	if v := r.URL.Query().Get("from"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -601,19 +522,17 @@ func (s *server) audit(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	recs, err := s.o.Audit.ReadRecords(r.Context(), from, limit)
+	id, err := s.reader(r)
 	if err != nil {
 		return err
 	}
-	page := AuditPage{Events: make([]audit.Event, 0, len(recs)), NextFrom: from}
-	for _, rec := range recs {
-		ev, err := rec.Event()
-		if err != nil {
-			return &Error{Status: http.StatusInternalServerError, Code: "audit_unreadable",
-				Message: fmt.Sprintf("the audit record at seq %d cannot be read (run toolgate audit verify): %v", rec.Seq, err), Err: err}
-		}
-		page.Events = append(page.Events, ev)
-		page.NextFrom = rec.Seq + 1
+	evs, err := s.g.ReadAudit(r.Context(), id, from, limit)
+	if err != nil {
+		return err
+	}
+	page := AuditPage{Events: evs, NextFrom: from}
+	if len(evs) > 0 {
+		page.NextFrom = evs[len(evs)-1].Seq + 1
 	}
 	writeJSON(w, http.StatusOK, page)
 	return nil

@@ -95,8 +95,8 @@ func newEnvFor(t *testing.T, snap *authz.Snapshot, edit func(*httpapi.Options)) 
 	}
 	e.store = st
 	e.rec = audit.NewRecorder(st, &audit.RecorderOptions{Sinks: []audit.Sink{e.metrics.AuditSink()}})
-	e.g = gate.New(e.snap, &gate.Options{Recorder: e.rec, Approvals: st})
-	opts := &httpapi.Options{Metrics: e.metrics, Audit: st}
+	e.g = gate.New(e.snap, &gate.Options{Recorder: e.rec, Approvals: st, AuditLog: st, Observer: e.metrics})
+	opts := &httpapi.Options{Metrics: e.metrics}
 	if edit != nil {
 		edit(opts)
 	}

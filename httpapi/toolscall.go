@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -78,7 +77,7 @@ type CallContext struct {
 	FailedAttempts []adapter.Attempt `json:"failed_attempts,omitempty"`
 }
 
-// toolsCall decides a call, runs it when allowed (gate.Call) and answers:
+// toolsCall decides a call, runs it when allowed (gate.Handle) and answers:
 // 200 success; 403 deny; 202 approval required (the pending approval in
 // decision.approval_id); 503 internal_error; 502 the tool failed or could
 // not be reached; 504 it timed out.
@@ -94,28 +93,12 @@ func (s *server) toolsCall(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	start := time.Now()
 	// The call and its records complete even if the client goes away, so
 	// the audit log says what ran.
-	greq := gate.Request{Identity: id, Tool: req.Tool, Args: req.Arguments,
-		CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via}
-	var (
-		out gate.Outcome
-		cr  gate.CallResult
-	)
-	hidden, conceal := s.visibility(r, id, req.Tool)
-	if hidden {
-		// As MCP does for a tool it never listed: decided and recorded,
-		// no approval created or used, nothing run.
-		out = s.g.Refuse(context.WithoutCancel(r.Context()), greq)
-	} else {
-		out, cr = s.g.Call(context.WithoutCancel(r.Context()), greq)
-	}
-	d := out.Decision
-	if conceal {
-		d = unknownTool(req.Tool)
-	}
-	s.o.Metrics.Decision(Via, d, time.Since(start)-cr.Duration) // the decision, not the run
+	out := s.g.Handle(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Arguments,
+		CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via})
+	cr := out.Result
+	d := shown(out, req.Tool)
 	resp := ToolsCallResponse{
 		Status: "failure",
 		Decision: DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,

@@ -73,8 +73,9 @@ func newCallEnv(t *testing.T) *env {
 	}
 	e := &env{t: t, snap: snap, store: st, metrics: metrics.New(&metrics.Options{NoRuntimeCollectors: true})}
 	e.rec = audit.NewRecorder(st, nil)
-	e.g = gate.New(snap, &gate.Options{Recorder: e.rec, Approvals: st, Executor: &gate.Executor{Builtins: reg, BaseDir: dir}})
-	e.srv = httptest.NewServer(httpapi.New(e.g, &httpapi.Options{Metrics: e.metrics, Audit: st,
+	e.g = gate.New(snap, &gate.Options{Recorder: e.rec, Approvals: st, AuditLog: st, Observer: e.metrics,
+		Executor: &gate.Executor{Builtins: reg, BaseDir: dir}})
+	e.srv = httptest.NewServer(httpapi.New(e.g, &httpapi.Options{Metrics: e.metrics,
 		Identify: func(r *http.Request) (gate.Identity, error) {
 			if r.Header.Get("Authorization") != "Bearer analyst" {
 				return gate.Identity{}, errors.New("unknown token")

@@ -335,7 +335,7 @@ func TestAnonymousIsNotShared(t *testing.T) {
 	// Over the JSON API there is no session: an anonymous call that needs
 	// approval neither creates nor uses one.
 	anon, _ := p.ids.Load().Identify("")
-	out := p.g.Authorize(ctx, gate.Request{Identity: anon, Tool: "echo", Args: json.RawMessage(`{"n":0}`), Via: "http"})
+	out := p.g.Decide(ctx, gate.Request{Identity: anon, Tool: "echo", Args: json.RawMessage(`{"n":0}`), Via: "http"})
 	if out.ApprovalID != "" || !strings.Contains(out.Decision.Reason, "not queued") {
 		t.Errorf("anonymous call without a session: approval %q, reason %q; want none, not queued", out.ApprovalID, out.Decision.Reason)
 	}

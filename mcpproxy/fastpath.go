@@ -1,29 +1,26 @@
 package mcpproxy
 
-// The fast path for tools/call (issue 3: "parse the JSON-RPC envelope once
-// and forward bytes"). A tools/call on an established session is decided
-// and recorded exactly as on the SDK path (callTool → gate.CallWith), but
-// neither end is terminated by an SDK layer: the guard answers the client
-// itself, and an upstream reached over Streamable HTTP gets the call's
-// bytes posted on the session the upstream Manager keeps. Everything the
-// fast path does not handle goes to the SDK as before: requests before the
-// session is in use, other methods, calls carrying _meta (progress tokens)
-// or unknown params, Settings.approval_wait, and tools of stdio upstreams
-// the caller may see. Visibility is decided before the path: a name the
-// caller may not see (a hidden tool of any upstream or built-in, or none
-// at all) is answered here, alike, whatever its upstream, so the shape of
-// the answer and the path counter never tell hidden from nonexistent.
+// The fast path for tools/call. A tools/call on an established session is
+// served by the gateway's own JSON-RPC handling, not the SDK's: the
+// envelope is parsed once in the guard, the call is handed to gate.Handle
+// (the one pipeline: decided, recorded, run, completed, measured), and the
+// answer is written back by the one mapping every tools/call takes
+// (result.go). Its caller (callers.go) is this call's own response: what an
+// upstream sends while serving the call (its sampling, elicitation and
+// roots requests, log messages, progress) reaches exactly this client on
+// this stream, and the client's answers come back through fastAnswer. The
+// SDK path remains for requests before the session is in use, odd ids,
+// calls with _meta (a progress token: the upstream's progress travels
+// through the SDK session, with the token replaced where two callers
+// share it) and transport shapes the fast path does not take (another
+// protocol version, a content type or Accept header it does not serve,
+// params it does not know): it hands its calls to the same Handle, with
+// the SDK session as caller.
 //
-// While a call is in flight, what the upstream sends on its stream before
-// the result (log messages, and its own requests: sampling, elicitation,
-// roots, ping) is relayed as the SDK path relays it: requests go to this
-// client only, on this call's stream, under an id of the gateway's, after
-// the same capability checks; the client's answer is posted back to the
-// upstream under the upstream's id. A client's notifications/cancelled for
-// a fast call cancels it and is passed on to the upstream.
+// A client's notifications/cancelled for a fast call cancels it; the
+// executor tells the upstream.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -32,11 +29,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,17 +41,12 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolgate/toolgate/gate"
-	"github.com/toolgate/toolgate/upstream"
 )
 
 // SessionTimeout is how long a client session may stay idle (no request of
 // any kind, fast path included) before the gateway closes it, unless
 // Options.SessionTimeout says otherwise.
 const SessionTimeout = 30 * time.Minute
-
-// maxUpstreamMessage bounds one message read from an upstream on the fast
-// path (the result cap applies after it).
-const maxUpstreamMessage = 64 << 20
 
 // fastVersions are the session protocol versions the fast path serves; a
 // request with another Mcp-Protocol-Version header goes to the SDK.
@@ -94,11 +84,11 @@ type clientSession struct {
 	active  atomic.Int32 // HTTP requests in progress (an open GET stream too)
 }
 
-// pendingRequest is an upstream's request relayed to a client.
+// pendingRequest is an upstream's request relayed to a fast call's client,
+// waiting for the client's answer.
 type pendingRequest struct {
-	session string           // the client session it was sent to
-	d       *upstream.Direct // where the answer goes
-	id      json.RawMessage  // the upstream's id for it
+	session string         // the client session it was sent to
+	reply   chan fastReply // where the answer goes (fastCaller.ask)
 }
 
 type callKey struct{ session, id string }
@@ -267,7 +257,9 @@ func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env
 	}
 	for k := range params {
 		if k != "name" && k != "arguments" {
-			return false // _meta (a progress token), task, ...: the SDK path
+			// _meta (a progress token: the SDK client of the upstream
+			// relays its progress), task, ...: the SDK path.
+			return false
 		}
 	}
 	var name string
@@ -277,22 +269,6 @@ func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env
 	args := params["arguments"]
 	if string(args) == "null" {
 		args = nil
-	}
-	if p.g.Snapshot().Settings().ApprovalWait.D() > 0 {
-		return false
-	}
-	id = withSession(id, sid)
-	// Visibility first, then the path: every name this caller may not see
-	// (hidden, of any upstream or built-in, or nonexistent) is answered
-	// here, alike, so neither the answer's shape nor the path counter can
-	// tell a hidden tool from one that does not exist.
-	if m, ok := p.lookup(name); ok && m.builtin == "" && p.disclose(id).Disclosed[m.id] {
-		if p.ups == nil {
-			return false
-		}
-		if _, err := p.ups.Direct(m.upstream); errors.Is(err, upstream.ErrNotDirect) {
-			return false // a stdio upstream: the SDK client relays its stream
-		}
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -312,12 +288,13 @@ func (p *Proxy) fastCall(w http.ResponseWriter, r *http.Request, sid string, env
 
 	p.countPath("fast")
 	out := newFastWriter(w)
-	forward := func(m mirror) *gate.CallOptions {
-		return &gate.CallOptions{ForwardRaw: func(ctx context.Context, decided json.RawMessage) (json.RawMessage, error) {
-			return p.forwardDirect(ctx, m, cs, decided, out)
-		}}
-	}
-	res, raw, callErr := p.callTool(ctx, id, name, args, forward, nil)
+	to := &fastCaller{p: p, cs: cs, out: out}
+	req := p.toolRequest(withSession(id, sid), name, args, nil,
+		&callRelay{p: p, ss: cs.ss, to: to, fast: true},
+		func(ctx context.Context, params *mcp.ProgressNotificationParams) error {
+			return to.notify(ctx, "notifications/progress", params)
+		}, r.Header.Get("Authorization"))
+	res, raw, callErr := p.toolAnswer(p.g.Handle(ctx, req), name)
 	var msg []byte
 	switch {
 	case callErr != nil:
@@ -445,417 +422,8 @@ func (f *fastWriter) final(msg []byte) {
 	f.w.Write(msg)
 }
 
-// forwardDirect posts the call, with the arguments that were decided
-// (canonical JSON), to the upstream on its session and returns
-// the result member of its response as sent, relaying what comes before it
-// (see the file comment). A JSON-RPC error from the upstream is returned as
-// a *jsonrpc.Error.
-func (p *Proxy) forwardDirect(ctx context.Context, m mirror, cs *clientSession, args json.RawMessage, out *fastWriter) (json.RawMessage, error) {
-	if p.ups == nil {
-		return nil, errors.New("no upstreams are configured")
-	}
-	d, err := p.ups.Direct(m.upstream)
-	if err != nil {
-		if errors.Is(err, upstream.ErrNotDirect) {
-			// Reconfigured to stdio since the call was admitted.
-			res, err := p.ups.CallTool(ctx, m.upstream, &mcp.CallToolParams{Name: m.name, Arguments: args})
-			if err != nil {
-				return nil, err
-			}
-			return json.Marshal(res)
-		}
-		return nil, fmt.Errorf("%w (tools/call %q)", err, m.name)
-	}
-	// Tracked as the SDK path tracks its calls, so that what the upstream
-	// sends about this call outside the call's own stream (a server that
-	// answers with JSON, or sends unrelated to the request) is attributed
-	// to this client, or refused when it cannot be, never misrouted.
-	if c, err := p.relay.begin(ctx, m.upstream, cs.ss, nil); err == nil {
-		defer c.end()
-	}
-	start := time.Now()
-	asked := out.asked.Load()
-	res, err := p.postCall(ctx, d, m, cs, args, out)
-	if err != nil && out.asked.Load() > asked {
-		err = fmt.Errorf("%w (%w)", err, gate.ErrClientAsked)
-	}
-	if p.opts.Observer != nil {
-		outcome := "ok"
-		switch {
-		case err != nil:
-			outcome = "error"
-		case bytes.Contains(res, []byte(`"isError":true`)):
-			outcome = "tool_error"
-		}
-		p.opts.Observer.UpstreamCall(m.upstream, outcome, time.Since(start))
-	}
-	return res, err
-}
-
-// postCall is one attempt of forwardDirect.
-func (p *Proxy) postCall(ctx context.Context, d *upstream.Direct, m mirror, cs *clientSession, args json.RawMessage, out *fastWriter) (json.RawMessage, error) {
-	cctx, cancel := d.WithTimeout(ctx)
-	defer cancel()
-	upID := []byte(`"toolgate-` + strconv.FormatUint(p.fast.seq.Add(1), 10) + `"`)
-	name, _ := json.Marshal(m.name)
-	if len(args) == 0 {
-		args = json.RawMessage("{}")
-	}
-	body := make([]byte, 0, 64+len(name)+len(args))
-	body = append(body, `{"jsonrpc":"2.0","id":`...)
-	body = append(body, upID...)
-	body = append(body, `,"method":"tools/call","params":{"name":`...)
-	body = append(body, name...)
-	body = append(body, `,"arguments":`...)
-	body = append(body, args...)
-	body = append(body, `}}`...)
-
-	answered := false
-	defer func() {
-		if !answered {
-			// Cancelled or timed out: tell the upstream, as the SDK would.
-			n := []byte(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":` + string(upID) + `,"reason":"cancelled by the gateway"}}`)
-			go func() {
-				c, stop := context.WithTimeout(context.Background(), 5*time.Second)
-				defer stop()
-				if resp, err := d.Post(c, n); err == nil {
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-			}()
-		}
-	}()
-	resp, err := d.Post(cctx, body)
-	if err != nil {
-		return nil, d.CallError("tools/call", m.name, ctx, cctx, err)
-	}
-	defer resp.Body.Close()
-	var final envelope
-	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	switch mt {
-	case "application/json":
-		b, err := io.ReadAll(io.LimitReader(resp.Body, maxUpstreamMessage+1))
-		if err != nil {
-			return nil, d.CallError("tools/call", m.name, ctx, cctx, err)
-		}
-		if len(b) > maxUpstreamMessage {
-			answered = true
-			return nil, fmt.Errorf("upstream %q: tools/call %q: the answer is larger than %d bytes", m.upstream, m.name, maxUpstreamMessage)
-		}
-		if err := json.Unmarshal(b, &final); err != nil || !bytes.Equal(final.ID, upID) {
-			answered = true
-			return nil, fmt.Errorf("upstream %q: tools/call %q: the upstream's answer is not the response to the call", m.upstream, m.name)
-		}
-	case "text/event-stream":
-		found, err := p.readStream(cctx, resp.Body, d, cs, upID, out, &final)
-		if err != nil {
-			return nil, d.CallError("tools/call", m.name, ctx, cctx, err)
-		}
-		if !found {
-			// Ended without an event id to resume from: as the SDK client
-			// says, "request terminated without response".
-			return nil, d.CallError("tools/call", m.name, ctx, cctx, errors.New("the upstream ended the call's stream without answering and without an event id to resume from (request terminated without response)"))
-		}
-	default:
-		answered = true
-		return nil, fmt.Errorf("upstream %q: tools/call %q: the upstream answered with content type %q", m.upstream, m.name, mt)
-	}
-	answered = true
-	if len(final.Error) > 0 && string(final.Error) != "null" {
-		var e jsonrpc.Error
-		if err := json.Unmarshal(final.Error, &e); err != nil {
-			return nil, fmt.Errorf("upstream %q: tools/call %q: malformed error: %v", m.upstream, m.name, err)
-		}
-		return nil, &e
-	}
-	if len(final.Result) == 0 || final.Result[0] != '{' {
-		return nil, fmt.Errorf("upstream %q: tools/call %q: the response has no result object", m.upstream, m.name)
-	}
-	return final.Result, nil
-}
-
-// drainWait and maxDrain bound reading the rest of an answered stream.
-const (
-	drainWait = 50 * time.Millisecond
-	maxDrain  = 64 << 10
-)
-
-// Stream resumption (SEP-1699) is bounded: at most maxResumes in a row
-// without a new event id, at most maxResumesTotal per call, and never
-// sooner than minResumeDelay whatever retry the upstream asks for.
-const (
-	maxResumes      = 5
-	maxResumesTotal = 32
-	minResumeDelay  = 50 * time.Millisecond
-)
-
-// readStream reads the upstream's SSE stream for the call upID until its
-// response, relaying what comes first. When the upstream closes the stream
-// before answering, having sent event ids, it is resumed from the last one
-// after the retry delay the upstream asked for (SEP-1699), as the SDK
-// client does. It reports whether the response was found (then in final).
-func (p *Proxy) readStream(ctx context.Context, body io.ReadCloser, d *upstream.Direct, cs *clientSession, upID []byte, out *fastWriter, final *envelope) (bool, error) {
-	var (
-		lastID, prevID string
-		retry          = 100 * time.Millisecond
-		stalled, total int
-	)
-	for {
-		found, _, err := p.readEvents(ctx, body, d, cs, upID, out, final, &lastID, &retry)
-		if found {
-			// The upstream ends the stream once it has answered: read to
-			// the end, so that the connection goes back to the pool (an
-			// unread body closes it), but do not wait on a stream that
-			// stays open.
-			t := time.AfterFunc(drainWait, func() { body.Close() })
-			io.Copy(io.Discard, io.LimitReader(body, maxDrain))
-			t.Stop()
-		}
-		body.Close()
-		if found || (err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF)) {
-			return found, err
-		}
-		if lastID == "" {
-			return false, nil // nothing to resume from
-		}
-		if lastID != prevID {
-			prevID, stalled = lastID, 0
-		}
-		stalled++
-		if total++; stalled > maxResumes || total > maxResumesTotal {
-			return false, fmt.Errorf("the upstream closed the call's stream %d times (%d without a new event) without answering", total, stalled)
-		}
-		t := time.NewTimer(min(max(retry, minResumeDelay), 5*time.Second))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false, ctx.Err()
-		case <-t.C:
-		}
-		resp, rerr := d.Resume(ctx, lastID)
-		if rerr != nil {
-			return false, rerr
-		}
-		body = resp.Body
-	}
-}
-
-// readEvents reads one SSE response body (see readStream); gotEvent is true
-// when at least one event with data arrived.
-func (p *Proxy) readEvents(ctx context.Context, body io.Reader, d *upstream.Direct, cs *clientSession, upID []byte, out *fastWriter, final *envelope, lastID *string, retry *time.Duration) (found, gotEvent bool, err error) {
-	br := bufio.NewReaderSize(body, 16<<10)
-	var data []byte
-	for {
-		line, err := readLine(br)
-		if err != nil {
-			return false, gotEvent, err
-		}
-		if len(line) > 0 {
-			field, value, _ := bytes.Cut(line, []byte(":"))
-			value = bytes.TrimPrefix(value, []byte(" "))
-			switch string(field) {
-			case "data":
-				if len(data) > 0 {
-					data = append(data, '\n')
-				}
-				if len(data)+len(value) > maxUpstreamMessage {
-					return false, gotEvent, fmt.Errorf("a message on the upstream's stream is larger than %d bytes", maxUpstreamMessage)
-				}
-				data = append(data, value...)
-			case "id":
-				*lastID = string(value)
-			case "retry":
-				if ms, err := strconv.Atoi(string(value)); err == nil && ms >= 0 {
-					*retry = time.Duration(ms) * time.Millisecond
-				}
-			}
-			continue
-		}
-		if len(data) == 0 {
-			continue
-		}
-		gotEvent = true
-		msg := data
-		data = nil
-		var env envelope
-		if err := json.Unmarshal(msg, &env); err != nil {
-			return false, gotEvent, fmt.Errorf("the upstream sent a message that is not JSON: %v", err)
-		}
-		if env.Method == nil && bytes.Equal(env.ID, upID) {
-			*final = env
-			return true, gotEvent, nil
-		}
-		// What reaches the client is read strictly, as a client's message
-		// is (parseEnvelope), and only if its method is relayed.
-		strict, err := parseEnvelope(msg)
-		switch {
-		case err != nil:
-			p.log.Warn("fast path: upstream message refused", "upstream", d.Upstream, "err", err)
-			if env.isRequest() {
-				postAnswer(d, errorMessage(env.ID, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "toolgate: refused: " + err.Error()}))
-			}
-		case strict.Method != nil && !upstreamMethods[*strict.Method]:
-			p.refused.methodRefused(nil, "upstream:"+d.Upstream, *strict.Method)
-			if strict.isRequest() {
-				postAnswer(d, errorMessage(strict.ID, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("toolgate: %s is not relayed to clients", *strict.Method)}))
-			}
-		case strict.isRequest():
-			p.relayRequest(ctx, d, cs, strict, out)
-		case strict.Method != nil && *strict.Method == "notifications/message":
-			p.relayLog(cs, strict, out)
-		default:
-			p.log.Debug("fast path: upstream message not relayed", "upstream", d.Upstream, "method", strict.Method)
-		}
-	}
-}
-
-// readLine reads one line without its line ending; a line longer than
-// maxUpstreamMessage is an error.
-func readLine(br *bufio.Reader) ([]byte, error) {
-	var line []byte
-	for {
-		chunk, isPrefix, err := br.ReadLine()
-		if err != nil {
-			return nil, err
-		}
-		line = append(line, chunk...)
-		if len(line) > maxUpstreamMessage {
-			return nil, fmt.Errorf("a line on the upstream's stream is longer than %d bytes", maxUpstreamMessage)
-		}
-		if !isPrefix {
-			return line, nil
-		}
-	}
-}
-
-// relayLog passes a log message to the client when its session asked for
-// that level (as ServerSession.Log filters on the SDK path).
-func (p *Proxy) relayLog(cs *clientSession, env *envelope, out *fastWriter) {
-	var params mcp.LoggingMessageParams
-	if err := json.Unmarshal(env.Params, &params); err != nil {
-		return
-	}
-	r := p.relay
-	r.mu.Lock()
-	want, ok := r.levels[cs.ss]
-	r.mu.Unlock()
-	if !ok || want.level == "" || levelRank(params.Level) < levelRank(want.level) {
-		return
-	}
-	msg, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": "notifications/message", "params": &params})
-	out.event(msg)
-}
-
-// relayRequest handles a request the upstream sent while serving the call:
-// ping is answered here; sampling, elicitation and roots go to the client
-// when it declared the capability, under an id of the gateway's, and its
-// answer is routed back by fastAnswer; anything else is refused.
-func (p *Proxy) relayRequest(ctx context.Context, d *upstream.Direct, cs *clientSession, env *envelope, out *fastWriter) {
-	method := *env.Method
-	answer := func(result any, rpcErr *jsonrpc.Error) {
-		var msg []byte
-		if rpcErr != nil {
-			msg = errorMessage(env.ID, rpcErr)
-		} else {
-			b, _ := json.Marshal(result)
-			msg = resultMessage(env.ID, b)
-		}
-		postAnswer(d, msg) // in line: a flood of upstream requests is paced by its own answers
-	}
-	caps := clientCaps(cs.ss)
-	switch method {
-	case "ping":
-		answer(map[string]any{}, nil)
-		return
-	case "sampling/createMessage":
-		var params mcp.CreateMessageWithToolsParams
-		if err := json.Unmarshal(env.Params, &params); err != nil {
-			answer(nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: err.Error()})
-			return
-		}
-		if caps.Sampling == nil {
-			answer(nil, missingCapability(method, "sampling").(*jsonrpc.Error))
-			return
-		}
-		if len(params.Tools) > 0 && caps.Sampling.Tools == nil {
-			answer(nil, missingCapability(method, "sampling with tools").(*jsonrpc.Error))
-			return
-		}
-	case "elicitation/create":
-		var params mcp.ElicitParams
-		if err := json.Unmarshal(env.Params, &params); err != nil {
-			answer(nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: err.Error()})
-			return
-		}
-		if caps.Elicitation == nil {
-			answer(nil, missingCapability(method, "elicitation").(*jsonrpc.Error))
-			return
-		}
-		url := params.Mode == "url" || (params.Mode == "" && params.URL != "")
-		if url && caps.Elicitation.URL == nil {
-			answer(nil, missingCapability(method, "url elicitation").(*jsonrpc.Error))
-			return
-		}
-		if url && params.ElicitationID != "" {
-			p.relay.mu.Lock()
-			p.relay.elicits[params.ElicitationID] = cs.ss
-			p.relay.mu.Unlock()
-		}
-	case "roots/list":
-		if caps.RootsV2 == nil {
-			answer(nil, missingCapability(method, "roots").(*jsonrpc.Error))
-			return
-		}
-	default:
-		answer(nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("toolgate: %s is not relayed to clients", method)})
-		return
-	}
-	id := `"toolgate-` + p.fast.tag + "-" + strconv.FormatUint(p.fast.seq.Add(1), 10) + `"`
-	p.fast.mu.Lock()
-	p.fast.pending[id] = &pendingRequest{session: cs.ss.ID(), d: d, id: append(json.RawMessage(nil), env.ID...)}
-	p.fast.mu.Unlock()
-	go func() {
-		// Forget it when the call ends unanswered.
-		<-ctx.Done()
-		p.fast.mu.Lock()
-		delete(p.fast.pending, id)
-		p.fast.mu.Unlock()
-	}()
-	msg := append(append(append(append(append([]byte(`{"jsonrpc":"2.0","id":`), id...), `,"method":`...), mustJSON(method)...), `,"params":`...), paramsOrEmpty(env.Params)...)
-	msg = append(msg, '}')
-	out.asked.Add(1)
-	if err := out.event(msg); err != nil {
-		answer(nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("toolgate: %s: the client did not answer: %v", method, err)})
-	}
-}
-
-func mustJSON(v any) []byte {
-	b, _ := json.Marshal(v)
-	return b
-}
-
-func paramsOrEmpty(p json.RawMessage) []byte {
-	if len(p) == 0 {
-		return []byte("{}")
-	}
-	return p
-}
-
-// postAnswer posts a response to the upstream's request (best effort: the
-// upstream times its request out if it never arrives).
-func postAnswer(d *upstream.Direct, msg []byte) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := d.Post(ctx, msg)
-	if err != nil {
-		return
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-}
-
-// fastAnswer routes a client's response to a relayed request back to the
-// upstream that asked; other responses go to the SDK.
+// fastAnswer hands a client's response to a relayed request to the call
+// waiting for it; other responses go to the SDK.
 func (p *Proxy) fastAnswer(w http.ResponseWriter, r *http.Request, sid string, env *envelope) bool {
 	if !bytes.HasPrefix(env.ID, []byte(`"toolgate-`+p.fast.tag+"-")) {
 		return false
@@ -876,13 +444,19 @@ func (p *Proxy) fastAnswer(w http.ResponseWriter, r *http.Request, sid string, e
 		w.WriteHeader(http.StatusAccepted) // late or unknown: nothing waits for it
 		return true
 	}
-	var msg []byte
+	var rep fastReply
 	if len(env.Error) > 0 && string(env.Error) != "null" {
-		msg = append(append(append(append([]byte(`{"jsonrpc":"2.0","id":`), pr.id...), `,"error":`...), env.Error...), '}')
+		rep.err = new(jsonrpc.Error)
+		if err := json.Unmarshal(env.Error, rep.err); err != nil {
+			rep.err = &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "toolgate: the client's error is malformed: " + err.Error()}
+		}
 	} else {
-		msg = resultMessage(pr.id, paramsOrEmpty(env.Result))
+		rep.result = append(json.RawMessage(nil), paramsOrEmpty(env.Result)...)
 	}
-	postAnswer(pr.d, msg)
+	select {
+	case pr.reply <- rep:
+	default:
+	}
 	w.WriteHeader(http.StatusAccepted)
 	return true
 }

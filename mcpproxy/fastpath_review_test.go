@@ -31,6 +31,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
@@ -122,7 +123,8 @@ func serveProxyEnv(t *testing.T, bundleYAML string, env proxyEnv) (string, *Prox
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := gate.New(snap, &gate.Options{Recorder: rec, Approvals: env.approvals})
+	ex := &gate.Executor{}
+	g := gate.New(snap, &gate.Options{Recorder: rec, Approvals: env.approvals, Executor: ex})
 	var (
 		p         *Proxy
 		mu        sync.Mutex
@@ -155,6 +157,7 @@ func serveProxyEnv(t *testing.T, bundleYAML string, env proxyEnv) (string, *Prox
 	if err != nil {
 		t.Fatal(err)
 	}
+	ex.Upstreams = &mcptool.Executor{Upstreams: ups}
 	p = New(g, ups, NewIdentities(b), env.opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -394,10 +397,10 @@ func TestFastPathResumptionIsBounded(t *testing.T) {
 	sid := openRaw2(t, url, testKeys[0], "loop")
 	post(t, url, testKeys[0], sid, `{"jsonrpc":"2.0","id":5,"method":"logging/setLevel","params":{"level":"debug"}}`)
 	_, body := post(t, url, testKeys[0], sid, `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"loop","arguments":{}}}`)
-	if n := e.gets.Load(); n > maxResumes {
-		t.Errorf("%d resumptions without a new event id, want at most %d", n, maxResumes)
+	if n := e.gets.Load(); n > maxDirectResumes {
+		t.Errorf("%d resumptions without a new event id, want at most %d", n, maxDirectResumes)
 	}
-	if n := strings.Count(body, `"again"`); n > maxResumes+1 {
+	if n := strings.Count(body, `"again"`); n > maxDirectResumes+1 {
 		t.Errorf("%d copies of the event relayed", n)
 	}
 	if !strings.Contains(body, `"isError":true`) || !strings.Contains(body, "closed the call's stream") {
@@ -593,3 +596,7 @@ func TestNoRetryAfterAskingTheClient(t *testing.T) {
 		})
 	}
 }
+
+// maxDirectResumes is upstream.Direct.Call's bound on resuming a call's
+// stream without a new event id.
+const maxDirectResumes = 5

@@ -308,9 +308,12 @@ type inflight struct {
 	start    time.Time
 	done     time.Time     // zero while in flight; read under relay.mu
 	ended    chan struct{} // closed with done set
+	// to reaches the client that made the request (callers.go).
+	to caller
 	// asked counts the upstream's requests relayed to the client during
-	// this request (gate.ErrClientAsked).
-	asked atomic.Int32
+	// this request (mcptool.ErrClientAsked); shared by the attempts of one
+	// tools/call.
+	asked *atomic.Int32
 }
 
 // live reports whether the request is still in flight (its stream open).
@@ -406,8 +409,11 @@ func (c *call) end() {
 
 // begin registers a request of client session ss (nil for none) about to be
 // forwarded to upstream name with meta, and returns the upstream session to
-// use. Call end when the answer is in. It fails when the upstream is down.
-func (r *relay) begin(ctx context.Context, name string, ss *mcp.ServerSession, meta mcp.Meta) (*call, error) {
+// use; what the upstream sends about it reaches the client through to (nil:
+// the session's SDK side), and asked counts its requests to the client (nil:
+// a counter of its own). Call end when the answer is in. It fails when the
+// upstream is down.
+func (r *relay) begin(ctx context.Context, name string, ss *mcp.ServerSession, meta mcp.Meta, to caller, asked *atomic.Int32) (*call, error) {
 	if r.p.ups == nil {
 		return nil, errors.New("no upstreams are configured")
 	}
@@ -417,7 +423,14 @@ func (r *relay) begin(ctx context.Context, name string, ss *mcp.ServerSession, m
 	}
 	// The gateway's own _meta namespace never comes from a client (every
 	// request forwarded, not only tools/call).
+	if to == nil && ss != nil {
+		to = sdkCaller{ss}
+	}
+	if asked == nil {
+		asked = new(atomic.Int32)
+	}
 	c := r.track(ctx, name, cs, ss, withoutOwnMeta(meta))
+	c.rec.to, c.rec.asked = to, asked
 	r.mu.Lock()
 	st := r.upLocked(name)
 	stale := st.known && st.synced != cs
@@ -613,70 +626,112 @@ func clientCaps(ss *mcp.ServerSession) *mcp.ClientCapabilities {
 
 // --- upstream-to-client requests ------------------------------------------
 
-func (r *relay) createMessage(ctx context.Context, name string, req *mcp.CreateMessageWithToolsRequest) (*mcp.CreateMessageWithToolsResult, error) {
-	const method = "sampling/createMessage"
-	rec, err := r.requester(name, req.Session, method)
-	if err != nil {
-		return nil, err
-	}
+// ask relays an upstream's request to the client of rec (the one request
+// it is about), after the checks every relayed request gets, whichever way
+// the upstream sent it: the client must have declared the capability (of
+// that mode), or the upstream gets an error and the client is not asked.
+func (r *relay) ask(ctx context.Context, rec *inflight, method string, params any) (json.RawMessage, error) {
 	caps := clientCaps(rec.ss)
-	if caps.Sampling == nil {
-		return nil, missingCapability(method, "sampling")
+	switch method {
+	case "sampling/createMessage":
+		p, _ := params.(*mcp.CreateMessageWithToolsParams)
+		if caps.Sampling == nil {
+			return nil, missingCapability(method, "sampling")
+		}
+		if p != nil && len(p.Tools) > 0 && caps.Sampling.Tools == nil {
+			return nil, missingCapability(method, "sampling with tools")
+		}
+	case "elicitation/create":
+		p, _ := params.(*mcp.ElicitParams)
+		if caps.Elicitation == nil {
+			return nil, missingCapability(method, "elicitation")
+		}
+		url := p != nil && (p.Mode == "url" || (p.Mode == "" && p.URL != ""))
+		if url && caps.Elicitation.URL == nil {
+			return nil, missingCapability(method, "url elicitation")
+		}
+		if url && p.ElicitationID != "" {
+			r.mu.Lock()
+			r.elicits[p.ElicitationID] = rec.ss
+			r.mu.Unlock()
+		}
+	case "roots/list":
+		if caps.RootsV2 == nil {
+			return nil, missingCapability(method, "roots")
+		}
+	default:
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("toolgate: %s is not relayed to clients", method)}
 	}
-	if req.Params != nil && len(req.Params.Tools) > 0 && caps.Sampling.Tools == nil {
-		return nil, missingCapability(method, "sampling with tools")
+	if rec.to == nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: fmt.Sprintf("toolgate: %s refused: the request it is about cannot reach its client", method)}
 	}
 	cctx, cancel := relayCtx(rec, ctx)
 	defer cancel()
 	rec.asked.Add(1)
-	res, err := rec.ss.CreateMessageWithTools(cctx, req.Params)
+	res, err := rec.to.ask(cctx, method, params)
 	return res, clientError(method, err)
+}
+
+// askAs relays an upstream's request sent on the shared session (an SDK
+// client handler) to the request it is attributed to, decoding the
+// client's answer into res.
+func askAs[R any](r *relay, ctx context.Context, name string, cs *mcp.ClientSession, method string, params any) (*R, error) {
+	rec, err := r.requester(name, cs, method)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := r.ask(ctx, rec, method, params)
+	if err != nil {
+		return nil, err
+	}
+	res := new(R)
+	if err := json.Unmarshal(raw, res); err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("toolgate: %s: the client's answer is malformed: %v", method, err)}
+	}
+	return res, nil
+}
+
+func (r *relay) createMessage(ctx context.Context, name string, req *mcp.CreateMessageWithToolsRequest) (*mcp.CreateMessageWithToolsResult, error) {
+	return askAs[mcp.CreateMessageWithToolsResult](r, ctx, name, req.Session, "sampling/createMessage", req.Params)
 }
 
 func (r *relay) elicit(ctx context.Context, name string, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
-	const method = "elicitation/create"
-	rec, err := r.requester(name, req.Session, method)
-	if err != nil {
-		return nil, err
-	}
-	caps := clientCaps(rec.ss).Elicitation
-	if caps == nil {
-		return nil, missingCapability(method, "elicitation")
-	}
-	url := req.Params != nil && (req.Params.Mode == "url" || (req.Params.Mode == "" && req.Params.URL != ""))
-	if url && caps.URL == nil {
-		return nil, missingCapability(method, "url elicitation")
-	}
-	if url && req.Params.ElicitationID != "" {
-		r.mu.Lock()
-		r.elicits[req.Params.ElicitationID] = rec.ss
-		r.mu.Unlock()
-	}
-	cctx, cancel := relayCtx(rec, ctx)
-	defer cancel()
-	rec.asked.Add(1)
-	res, err := rec.ss.Elicit(cctx, req.Params)
-	return res, clientError(method, err)
+	return askAs[mcp.ElicitResult](r, ctx, name, req.Session, "elicitation/create", req.Params)
 }
 
 func (r *relay) listRoots(ctx context.Context, name string, req *mcp.ListRootsRequest) (*mcp.ListRootsResult, error) {
-	const method = "roots/list"
-	rec, n := r.attribute(name, req.Session)
-	if n == 0 {
+	if _, n := r.attribute(name, req.Session); n == 0 {
+		// Outside any request (server-filesystem asks after initialize):
+		// an empty list, which keeps such a server's own configuration.
 		return &mcp.ListRootsResult{Roots: []*mcp.Root{}}, nil
 	}
-	if rec == nil {
-		_, err := r.requester(name, req.Session, method)
-		return nil, err
+	params := req.Params
+	if params == nil {
+		params = &mcp.ListRootsParams{}
 	}
-	if clientCaps(rec.ss).RootsV2 == nil {
-		return nil, missingCapability(method, "roots")
-	}
-	cctx, cancel := relayCtx(rec, ctx)
-	defer cancel()
-	rec.asked.Add(1)
-	res, err := rec.ss.ListRoots(cctx, req.Params)
-	return res, clientError(method, err)
+	return askAs[mcp.ListRootsResult](r, ctx, name, req.Session, "roots/list", params)
+}
+
+// notifyCaller sends a notification to the client of rec, in order with
+// the others queued for its session (post); a log message whose request
+// has finished goes to the session's standalone stream instead.
+func (r *relay) notifyCaller(rec *inflight, method string, params any) {
+	r.post(rec.ss, func() {
+		if rec.live() && rec.to != nil {
+			ctx, cancel := context.WithTimeout(rec.ctx, notifyTimeout)
+			err := rec.to.notify(ctx, method, params)
+			cancel()
+			if err == nil {
+				return
+			}
+			r.p.log.Debug("notification not delivered on the request's stream", "method", method, "err", err)
+		}
+		if lp, ok := params.(*mcp.LoggingMessageParams); ok && rec.ss != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+			defer cancel()
+			rec.ss.Log(ctx, lp)
+		}
+	})
 }
 
 // clientError passes a client's JSON-RPC error back to the upstream as is;
@@ -713,13 +768,7 @@ func (r *relay) progress(name string, req *mcp.ProgressNotificationClientRequest
 	}
 	p := *req.Params
 	p.ProgressToken = rec.client
-	r.post(rec.ss, func() {
-		ctx, cancel := context.WithTimeout(rec.ctx, notifyTimeout)
-		defer cancel()
-		if err := rec.ss.NotifyProgress(ctx, &p); err != nil {
-			r.p.log.Debug("progress notification not delivered", "upstream", name, "err", err)
-		}
-	})
+	r.notifyCaller(rec, "notifications/progress", &p)
 }
 
 func (r *relay) logMessage(name string, req *mcp.LoggingMessageRequest) {
@@ -730,21 +779,7 @@ func (r *relay) logMessage(name string, req *mcp.LoggingMessageRequest) {
 	rec, server := r.logTarget(name, req.Session)
 	switch {
 	case rec != nil:
-		r.post(rec.ss, func() {
-			if rec.live() {
-				ctx, cancel := context.WithTimeout(rec.ctx, notifyTimeout)
-				err := rec.ss.Log(ctx, params)
-				cancel()
-				if err == nil {
-					return
-				}
-			}
-			// The request has finished (its stream is closed): use the
-			// session's standalone stream.
-			ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
-			defer cancel()
-			rec.ss.Log(ctx, params)
-		})
+		r.notifyCaller(rec, "notifications/message", params)
 	case server:
 		// A message about the server itself: to the sessions that asked
 		// for log messages and may reach this upstream (a session that
@@ -872,7 +907,7 @@ func (r *relay) upstreamError(name, method string, err error) error {
 }
 
 func (r *relay) read(ctx context.Context, name string, req *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
-	c, err := r.begin(ctx, name, req.Session, req.Params.Meta)
+	c, err := r.begin(ctx, name, req.Session, req.Params.Meta, nil, nil)
 	if err != nil {
 		return nil, r.upstreamError(name, "resources/read", err)
 	}
@@ -884,7 +919,7 @@ func (r *relay) read(ctx context.Context, name string, req *mcp.ReadResourceRequ
 }
 
 func (r *relay) getPrompt(ctx context.Context, ref promptRef, req *mcp.GetPromptRequest) (*mcp.GetPromptResult, error) {
-	c, err := r.begin(ctx, ref.upstream, req.Session, req.Params.Meta)
+	c, err := r.begin(ctx, ref.upstream, req.Session, req.Params.Meta, nil, nil)
 	if err != nil {
 		return nil, r.upstreamError(ref.upstream, "prompts/get", err)
 	}
@@ -908,7 +943,7 @@ func (r *relay) completeAt(ctx context.Context, name string, ref *mcp.CompleteRe
 	if !completions {
 		return &mcp.CompleteResult{Completion: mcp.CompletionResultDetails{Values: []string{}}}, nil
 	}
-	c, err := r.begin(ctx, name, req.Session, req.Params.Meta)
+	c, err := r.begin(ctx, name, req.Session, req.Params.Meta, nil, nil)
 	if err != nil {
 		return nil, r.upstreamError(name, "completion/complete", err)
 	}
@@ -961,7 +996,7 @@ func (r *relay) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error 
 	if !first {
 		return nil
 	}
-	c, err := r.begin(ctx, name, req.Session, nil)
+	c, err := r.begin(ctx, name, req.Session, nil, nil, nil)
 	if err == nil {
 		defer c.end()
 		sctx, cancel := context.WithTimeout(ctx, passTimeout)

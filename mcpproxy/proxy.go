@@ -36,6 +36,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/policy"
@@ -597,89 +598,60 @@ func (p *Proxy) lookup(name string) (mirror, bool) {
 
 func (p *Proxy) call(ctx context.Context, id gate.Identity, r *mcp.CallToolRequest, next mcp.MethodHandler, method string) (mcp.Result, error) {
 	p.countPath("sdk")
-	forward := func(m mirror) *gate.CallOptions {
-		return &gate.CallOptions{Forward: func(ctx context.Context, args json.RawMessage) (*mcp.CallToolResult, error) {
-			return p.forward(ctx, m, r, args)
-		}}
+	authorization := ""
+	if extra := r.GetExtra(); extra != nil && extra.Header != nil {
+		authorization = extra.Header.Get("Authorization")
 	}
-	hold := func(ctx context.Context, approvalID string, wait time.Duration) (bool, error) {
-		if !p.awaitApproval(ctx, r, approvalID, wait) {
-			return false, nil
-		}
-		// Approved while we held the call: the same call consumes the
-		// approval and runs, once, but only if its credential is still
-		// good (a key removed or a token revoked while it waited must not
-		// run it).
-		if _, err := p.identify(r); err != nil {
-			return false, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
-		}
-		return true, nil
-	}
-	res, _, err := p.callTool(ctx, id, r.Params.Name, r.Params.Arguments, forward, hold)
+	req := p.toolRequest(withSession(id, sessionID(r)), r.Params.Name, r.Params.Arguments, r.Params.Meta,
+		&callRelay{p: p, ss: r.Session, to: sdkCaller{r.Session}},
+		func(ctx context.Context, params *mcp.ProgressNotificationParams) error {
+			return r.Session.NotifyProgress(ctx, params)
+		}, authorization)
+	res, _, err := p.toolAnswer(p.g.Handle(ctx, req), r.Params.Name)
 	if err != nil {
 		return nil, err
 	}
 	return res, nil
 }
 
-// callTool decides a tools/call of the tool the model calls name, runs it
-// through gate.CallWith when allowed (forward gives the options that reach
-// the upstream of an MCP tool), and returns what the client gets: the
-// tool's result (decoded, or as the upstream's JSON when it was passed
-// through: raw), an isError refusal with the decision in _meta, or the
-// unknown-tool JSON-RPC error for a tool the caller cannot see. hold, when
-// set, may hold a call that needs approval (Settings.approval_wait) and
-// reports whether it was approved meanwhile. The SDK path (call) and the
-// fast path (fastpath.go) both come here, so they answer and record alike.
-func (p *Proxy) callTool(ctx context.Context, id gate.Identity, name string, args json.RawMessage,
-	forward func(m mirror) *gate.CallOptions,
-	hold func(ctx context.Context, approvalID string, wait time.Duration) (bool, error)) (res *mcp.CallToolResult, raw json.RawMessage, err error) {
-	start := time.Now()
-	m, mirrored := p.lookup(name)
-	visible := mirrored && p.disclose(id).Disclosed[m.id]
-	req := gate.Request{Identity: id, Tool: name, Args: args, Via: "mcp"}
-	var (
-		out gate.Outcome
-		cr  gate.CallResult
-	)
-	if visible {
-		// Decide, run through the adapter (timeout, retries by side-effect
-		// class, result cap) and record: gate.Call, as the HTTP API does.
-		opts := forward(m)
-		out, cr = p.g.CallWith(ctx, req, opts)
-		if out.Decision.Verdict == toolgate.RequireApproval && out.ApprovalID != "" && hold != nil {
-			if wait := p.g.Snapshot().Settings().ApprovalWait.D(); wait > 0 {
-				approved, err := hold(ctx, out.ApprovalID, wait)
-				if err != nil {
-					return nil, nil, err
-				}
-				if approved {
-					out, cr = p.g.CallWith(ctx, req, opts)
-				}
+// toolRequest is a tools/call as both transports hand it to gate.Handle:
+// the identity, the call, the caller to relay to (relay), and what a held
+// call needs (progress notifications when the client gave a progress
+// token; its credential checked again before it resumes).
+func (p *Proxy) toolRequest(id gate.Identity, name string, args json.RawMessage, meta mcp.Meta, relay *callRelay,
+	notify func(context.Context, *mcp.ProgressNotificationParams) error, authorization string) gate.Request {
+	req := gate.Request{Identity: id, Tool: name, Args: args, Via: "mcp", Meta: mcptool.WithoutOwnMeta(meta), Relay: relay, Hold: true,
+		StillValid: func() error {
+			// Approved while held: the call runs, once, but only if its
+			// credential is still good (a key removed or a token revoked
+			// while it waited must not run it).
+			if _, err := p.ids.Load().Identify(authorization); err != nil {
+				return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
 			}
+			return nil
+		}}
+	if token := meta["progressToken"]; token != nil && notify != nil {
+		req.Progress = func(waited, total float64, message string) {
+			ctx, cancel := context.WithTimeout(context.Background(), notifyTimeout)
+			defer cancel()
+			notify(ctx, &mcp.ProgressNotificationParams{ProgressToken: token, Progress: waited, Total: total, Message: message})
 		}
-	} else {
-		// Never shown under this name: decide and record only; no approval
-		// is created or used, nothing runs.
-		out = p.g.Refuse(ctx, req)
 	}
-	d := out.Decision
-	if p.opts.Observer != nil {
-		observed, took := d, time.Since(start)-cr.Duration
-		if !visible {
-			// Metrics are no oracle either: a hidden tool counts as an
-			// unknown one (the audit log has the real code), and its
-			// decision time (longer: it resolves a real tool) is not
-			// observed, so both land in the lowest bucket.
-			observed = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeUnknownTool, Layer: toolgate.LayerComposition, ToolName: name}
-			took = 0
-		}
-		p.opts.Observer.Decision("mcp", observed, took)
-	}
-	if !visible {
-		// Hidden and unknown tools look the same to the caller.
+	return req
+}
+
+// toolAnswer is the one mapping from a tools/call's outcome to what the
+// client gets, whichever transport carries it: the tool's result (decoded,
+// or as the upstream's JSON when it was passed through: raw), an isError
+// result for a visible tool that was refused, needs approval or could not
+// be run (the decision in _meta), or, for a tool the caller is not shown,
+// exactly the JSON-RPC error of a tool that does not exist.
+func (p *Proxy) toolAnswer(out gate.Outcome, name string) (res *mcp.CallToolResult, raw json.RawMessage, err error) {
+	if !out.Visible {
 		return nil, nil, unknownTool(name)
 	}
+	m, _ := p.lookup(name)
+	d := out.Decision
 	switch d.Verdict {
 	case toolgate.Deny:
 		return refusal(d, out.ApprovalID, "", m.typed), nil, nil
@@ -691,6 +663,7 @@ func (p *Proxy) callTool(ctx context.Context, id gate.Identity, name string, arg
 		}
 		return refusal(d, out.ApprovalID, msg, m.typed), nil, nil
 	}
+	cr := out.Result
 	if err := cr.Err; err != nil && m.builtin == "" {
 		var rpcErr *jsonrpc.Error
 		if errors.As(err, &rpcErr) {
@@ -710,48 +683,6 @@ const DecisionMetaKey = "io.toolgate/decision"
 // refusal is the isError result of a visible tool refused by a decision:
 // text the model can act on, the decision in _meta, and in
 // structuredContent too unless the tool declares an outputSchema.
-// awaitApproval holds a call that needs approval until the approval is
-// decided or wait passes (Settings.approval_wait), sending progress
-// notifications when the client asked for progress. It reports whether the
-// approval was granted.
-func (p *Proxy) awaitApproval(ctx context.Context, r *mcp.CallToolRequest, id string, wait time.Duration) bool {
-	store := p.g.Approvals()
-	if store == nil {
-		return false
-	}
-	token := r.Params.GetProgressToken()
-	deadline := time.Now().Add(wait)
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
-	for n := 0; ; n++ {
-		a, err := store.GetApproval(ctx, id)
-		if err != nil {
-			return false
-		}
-		switch a.Status {
-		case "approved":
-			return true
-		case "pending":
-		default:
-			return false
-		}
-		if token != nil && n%4 == 0 && r.Session != nil {
-			left := time.Until(deadline).Round(time.Second)
-			r.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: token,
-				Progress: float64(wait-time.Until(deadline)) / float64(time.Second), Total: wait.Seconds(),
-				Message: fmt.Sprintf("waiting for approval %s (%s left)", id, left)})
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-tick.C:
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-}
-
 func refusal(d toolgate.Decision, approvalID, msg string, typed bool) *mcp.CallToolResult {
 	if msg == "" {
 		msg = fmt.Sprintf("The call was refused by the %s layer (%s): %s", d.Layer, d.Code, d.Reason)
@@ -767,62 +698,10 @@ func refusal(d toolgate.Decision, approvalID, msg string, typed bool) *mcp.CallT
 	return res
 }
 
-// forward calls the upstream tool with the arguments that were decided
-// (canonical JSON, never the client's bytes) and the client's meta
-// (progress token included).
-func (p *Proxy) forward(ctx context.Context, m mirror, r *mcp.CallToolRequest, args json.RawMessage) (*mcp.CallToolResult, error) {
-	if p.ups == nil {
-		return nil, errors.New("no upstreams are configured")
-	}
-	// Track the call so that what the upstream sends while serving it
-	// (progress, sampling, elicitation, roots, log messages) reaches this
-	// session only; the progress token may be replaced (passthrough.go).
-	meta := withoutOwnMeta(r.Params.Meta)
-	var asked func() bool
-	if c, err := p.relay.begin(ctx, m.upstream, r.Session, meta); err == nil {
-		defer c.end()
-		meta = c.meta
-		asked = func() bool { return c.rec.asked.Load() > 0 }
-	}
-	start := time.Now()
-	res, err := p.ups.CallTool(ctx, m.upstream, &mcp.CallToolParams{Name: m.name, Arguments: args, Meta: meta})
-	if err != nil && asked != nil && asked() {
-		err = fmt.Errorf("%w (%w)", err, gate.ErrClientAsked)
-	}
-	if p.opts.Observer != nil {
-		outcome := "ok"
-		switch {
-		case err != nil:
-			outcome = "error"
-		case res != nil && res.IsError:
-			outcome = "tool_error"
-		}
-		p.opts.Observer.UpstreamCall(m.upstream, outcome, time.Since(start))
-	}
-	return res, err
-}
-
 // withoutOwnMeta is a client's _meta without the gateway's own namespace
 // (io.toolgate/...): what an upstream finds there comes from the gateway,
 // never from a client posing as it.
-func withoutOwnMeta(meta mcp.Meta) mcp.Meta {
-	var out mcp.Meta
-	for k := range meta {
-		if strings.HasPrefix(k, "io.toolgate/") {
-			out = mcp.Meta{}
-			break
-		}
-	}
-	if out == nil {
-		return meta
-	}
-	for k, v := range meta {
-		if !strings.HasPrefix(k, "io.toolgate/") {
-			out[k] = v
-		}
-	}
-	return out
-}
+func withoutOwnMeta(meta mcp.Meta) mcp.Meta { return mcptool.WithoutOwnMeta(meta) }
 
 // Announced maps an upstream's tool list to catalog entries: each name is
 // mapped to tool:<upstream>-<mapped name>; names that cannot be mapped, and

@@ -58,7 +58,7 @@ var refund = gate.Request{Identity: gate.Identity{Principal: "user:bob", AgentID
 
 func (gw *gateway) authorize(t *testing.T, want toolgate.Verdict) gate.Outcome {
 	t.Helper()
-	out := gw.g.Authorize(context.Background(), refund)
+	out := gw.g.Decide(context.Background(), refund)
 	if out.Decision.Verdict != want {
 		t.Fatalf("refund decision = %+v; want %s", out.Decision, want)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/adapter/builtins"
+	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
@@ -114,13 +115,14 @@ func runCall(ctx context.Context, args []string, io IO) int {
 	rec := audit.NewRecorder(store, nil)
 	ex := &gate.Executor{Builtins: bt, BaseDir: *bundle}
 	if mgr != nil {
-		ex.Upstreams = mgr
+		ex.Upstreams = &mcptool.Executor{Upstreams: mgr}
 	}
 	g := gate.New(snap, &gate.Options{Recorder: rec, Approvals: store, Executor: ex})
 	req := gate.Request{Identity: gate.Identity{Principal: call.Principal, AgentID: call.AgentID, InstanceID: call.InstanceID,
 		Environment: call.Environment, DeploymentMode: call.DeploymentMode},
 		Tool: call.Tool, Args: json.RawMessage(*cf.args), Resources: call.Resources, Via: callVia}
-	o, cr := g.Call(ctx, req)
+	o := g.Handle(ctx, req) // the operator chose the identity: the real decision is shown
+	cr := o.Result
 
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/adapter"
+	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/builtin"
 	"github.com/toolgate/toolgate/upstream"
@@ -28,15 +29,18 @@ type Builtins interface {
 	Lookup(name string) (builtin.Tool, bool)
 }
 
-// Upstreams forwards a tools/call to the named upstream MCP server;
-// *upstream.Manager implements it. Errors wrapping upstream.ErrDown or
-// upstream.ErrCallTimeout are transient (retried where the class allows).
+// Upstreams runs tools of upstream MCP servers: one attempt of one call;
+// *mcptool.Executor implements it (the one forwarder for every entry
+// point).
 type Upstreams interface {
-	CallTool(ctx context.Context, name string, params *mcp.CallToolParams) (*mcp.CallToolResult, error)
+	Run(ctx context.Context, c mcptool.Call) (mcptool.Result, error)
 }
 
-// Executor is what Call and Execute run allowed calls with. Set its fields
-// before the gate serves calls; they are not changed afterwards.
+var _ Upstreams = (*mcptool.Executor)(nil)
+
+// Executor is what Handle runs allowed calls with, by the tool's source.
+// Set its fields before the gate serves calls; they are not changed
+// afterwards.
 type Executor struct {
 	// Builtins are the built-in tools; nil means none (a built-in tool is
 	// then refused before it is decided, since what it would touch cannot
@@ -57,16 +61,6 @@ type Executor struct {
 // built-in or upstream that is not configured here.
 var ErrNotExecutable = errors.New("this gateway cannot run the tool")
 
-// ErrClientAsked marks a failed attempt during which the upstream asked the
-// caller's client for input (sampling, elicitation, roots): such an attempt
-// is never retried, so nobody is asked the same thing twice. Forward
-// functions wrap it into their error (the MCP proxy does).
-var ErrClientAsked = errors.New("the client was asked for input during the attempt, so the call is not retried")
-
-// ErrNotAllowed is a CallResult.Err from Execute given an outcome that
-// does not allow the call; nothing ran.
-var ErrNotAllowed = errors.New("the call is not allowed")
-
 // CallResult is what running an allowed call produced. Its Result (output,
 // failed, error, attempts) is what the completion event records.
 type CallResult struct {
@@ -75,12 +69,12 @@ type CallResult struct {
 	// the tool's own (an upstream's, or a built-in's text with its data as
 	// structuredContent), capped at Settings.result_max_kib; when the tool
 	// could not be run (Err set), an isError result saying why. nil when
-	// the call was not allowed, and when Raw is set.
+	// the call was not run, and when Raw is set.
 	Tool *mcp.CallToolResult
 	// Raw is the upstream's result as the JSON it sent, passed through
-	// undecoded: set only with CallOptions.ForwardRaw, when the result is
-	// a well-formed CallToolResult within the result cap (else Tool holds
-	// it decoded, and capped).
+	// undecoded: set only when the upstream was reached on the direct
+	// client and the result is a well-formed CallToolResult within the
+	// result cap (else Tool holds it decoded, and capped).
 	Raw json.RawMessage
 	// Ran is true when at least one attempt was made.
 	Ran bool
@@ -95,131 +89,13 @@ type CallResult struct {
 	Duration time.Duration
 }
 
-// CallOptions adjust one Call or Execute; nil means none.
-type CallOptions struct {
-	// Forward, when set, replaces the call to the upstream of an MCP tool
-	// (the MCP proxy uses it to relay the upstream's progress and requests
-	// to its client's session). It is called once per attempt.
-	// args are the arguments that were decided, as canonical JSON: what
-	// the upstream must get (never the client's own bytes).
-	Forward func(ctx context.Context, args json.RawMessage) (*mcp.CallToolResult, error)
-	// ForwardRaw, when set and Forward is not, is Forward returning the
-	// upstream's result as JSON (the "result" member of its response): the
-	// MCP proxy's fast path, which passes a result through as bytes
-	// (CallResult.Raw) unless it must be capped or is malformed.
-	ForwardRaw func(ctx context.Context, args json.RawMessage) (json.RawMessage, error)
-}
-
-// Call decides a call, runs it when allowed, and records both (DESIGN.md
-// §3, "Gate.Call"). For a built-in tool it first asks the tool what the
-// call would touch (builtin.Tool.Inspect): a refusal there
-// (path_outside_workspace, sql_not_read_only, sql_unclassifiable,
-// bad_arguments) is a deny at the resource layer, recorded like any deny,
-// and the reported resources join the decision (check 8), except for
-// workspace tools, whose check 8 is the workspace confinement Inspect
-// itself enforces (Wyrd). Inspect runs only for a call that passes every
-// layer before the resource layer, so a caller learns nothing about a tool
-// it may not invoke. Then Authorize decides and records, and an allowed
-// call runs through Execute.
-//
-// The Outcome is Authorize's (or the resource refusal's); the CallResult is
-// zero unless the call was allowed.
-func (g *Gate) Call(ctx context.Context, req Request) (Outcome, CallResult) {
-	return g.CallWith(ctx, req, nil)
-}
-
-// CallWith is Call with options.
-func (g *Gate) CallWith(ctx context.Context, req Request, opts *CallOptions) (Outcome, CallResult) {
-	pa := parseArgs(req.Args)
-	req, res, refused, done := g.inspect(ctx, req, pa)
-	if done {
-		return refused, CallResult{Resources: res}
-	}
-	out := g.authorize(ctx, req, pa)
-	cr := CallResult{Resources: res}
-	if !out.Decision.Allowed() {
-		return out, cr
-	}
-	return out, g.execute(ctx, req, out, opts, cr.Resources)
-}
-
-// AuthorizeInspected decides and records a call as Call does, without
-// running it: a built-in tool is inspected first, so what the call would
-// touch is part of the decision (the JSON API's /v1/decide). An allow
-// consumes an approval exactly as Call's would.
-func (g *Gate) AuthorizeInspected(ctx context.Context, req Request) Outcome {
-	pa := parseArgs(req.Args)
-	req, _, refused, done := g.inspect(ctx, req, pa)
-	if done {
-		return refused
-	}
-	return g.authorize(ctx, req, pa)
-}
-
-// inspect runs a built-in tool's Inspect for a call that passes every layer
-// before the resource layer and adds what it reports to req. done is true
-// when the call is already decided (refused, and recorded).
-func (g *Gate) inspect(ctx context.Context, req Request, pa parsed) (Request, []toolgate.Resource, Outcome, bool) {
-	snap := g.Snapshot()
-	pre := g.decide(snap, &toolgate.Call{AgentID: req.AgentID, DeploymentMode: req.DeploymentMode, InstanceID: req.InstanceID,
-		Environment: req.Environment, Principal: req.Principal, Tool: req.Tool, Args: pa.args.Value, ArgsErr: pa.err, ToolLevel: true}, req.Identity)
-	if pre.Verdict == toolgate.Deny {
-		return req, nil, Outcome{}, false // Authorize refuses it with the full decision
-	}
-	var cr CallResult
-	if t, ok := snap.Tool(pre.ToolID); ok && t.Builtin != "" {
-		bt, ok := g.builtin(t.Builtin)
-		if !ok {
-			return req, nil, g.refuse(ctx, req, pa, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
-				fmt.Sprintf("the built-in tool %s is not available in this gateway, so what the call would touch cannot be checked (fail closed); configure it (a Database document for sql.*) or remove %s from the catalog", t.Builtin, t.ID))), true
-		}
-		inv := builtin.Invocation{Args: pa.args.Canonical, Workspace: g.workspace(snap, req.AgentID)}
-		res, err := bt.Inspect(ctx, inv)
-		if err != nil {
-			var te *toolgate.Error
-			if errors.As(err, &te) {
-				layer := te.Layer
-				if layer == toolgate.LayerNone {
-					layer = toolgate.LayerResource
-				}
-				return req, nil, g.refuse(ctx, req, pa, deny(pre, req, te.Code, layer,
-					fmt.Sprintf("%s layer: %s refused the call before it ran: %s", layer, t.Builtin, te.Message))), true
-			}
-			return req, nil, g.refuse(ctx, req, pa, deny(pre, req, toolgate.CodeInternalError, toolgate.LayerInternal,
-				fmt.Sprintf("%s could not tell what the call would touch, so it is refused (fail closed): %v", t.Builtin, err))), true
-		}
-		cr.Resources = res
-		if !bt.Spec().NeedsWorkspace {
-			req.Resources = append(append([]toolgate.Resource(nil), req.Resources...), res...)
-		} else {
-			// Workspace confinement is this tool's resource check (Wyrd);
-			// conditions still see the files it really touches.
-			req.Observed = append(append([]toolgate.Resource(nil), req.Observed...), res...)
-		}
-	}
-	return req, cr.Resources, Outcome{}, false
-}
-
-// Execute runs a call that Authorize allowed through the adapter (the
+// execute runs an allowed call through the executor of its source (the
 // tool's timeout, retries by side-effect class, the result cap) and records
 // agent.tool.completed or agent.tool.failed with the output digest,
-// returned bytes, attempts, duration, and in details each failed attempt.
-// Given an outcome that does not allow the call, it runs nothing and
-// returns ErrNotAllowed.
-func (g *Gate) Execute(ctx context.Context, req Request, out Outcome, opts *CallOptions) CallResult {
-	return g.execute(ctx, req, out, opts, nil)
-}
-
-// execute is Execute, recording resources (what a built-in tool reported)
-// with the completion.
-func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *CallOptions, resources []toolgate.Resource) CallResult {
+// returned bytes, attempts, duration, and in details each failed attempt
+// and what a built-in tool reported it touches (resources).
+func (g *Gate) execute(ctx context.Context, snap *authz.Snapshot, req Request, out Outcome, resources []toolgate.Resource) CallResult {
 	cr := CallResult{Resources: resources}
-	if !out.Decision.Allowed() {
-		cr.Err = ErrNotAllowed
-		cr.Failed = true
-		return cr
-	}
-	snap := g.Snapshot()
 	t, ok := snap.Tool(out.Decision.ToolID)
 	pol := adapter.Policy{Class: out.Decision.SideEffectClass, Idempotent: t.Idempotent}
 	if t.Doc != nil {
@@ -231,7 +107,7 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 		run       func(ctx context.Context) (*mcp.CallToolResult, bool, error)
 		ex        = g.opts.Executor
 		truncated bool
-		raw       json.RawMessage // ForwardRaw's result
+		raw       json.RawMessage // the direct client's result
 	)
 	switch {
 	case !ok:
@@ -254,32 +130,21 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 			return adapter.TextResult(r.Content, r.Structured, false), r.Truncated, nil
 		}
 	case t.MCPServer != "":
+		if ex == nil || ex.Upstreams == nil {
+			cr.Err = fmt.Errorf("%w: no upstream MCP servers are connected", ErrNotExecutable)
+			break
+		}
 		// The upstream gets the arguments that were decided, re-encoded
-		// (canonical JSON), never the bytes the client sent.
-		args := json.RawMessage(out.CanonicalArgs)
-		forward := func(ctx context.Context) (*mcp.CallToolResult, error) {
-			if ex == nil || ex.Upstreams == nil {
-				return nil, fmt.Errorf("%w: no upstream MCP servers are connected", ErrNotExecutable)
-			}
-			return ex.Upstreams.CallTool(ctx, t.MCPServer, &mcp.CallToolParams{Name: upstreamToolName(snap, t), Arguments: args})
-		}
-		if opts != nil && opts.Forward != nil {
-			forward = func(ctx context.Context) (*mcp.CallToolResult, error) { return opts.Forward(ctx, args) }
-		} else if opts != nil && opts.ForwardRaw != nil {
-			forward = func(ctx context.Context) (*mcp.CallToolResult, error) {
-				r, err := opts.ForwardRaw(ctx, args)
-				if err == nil {
-					raw = r
-				}
-				return nil, err
-			}
-		}
+		// (canonical JSON), never the bytes the client sent; and the
+		// client's _meta without the gateway's own namespace.
+		c := mcptool.Call{Upstream: t.MCPServer, Tool: upstreamToolName(snap, t), Args: json.RawMessage(out.CanonicalArgs),
+			Meta: mcptool.WithoutOwnMeta(req.Meta), Relay: req.Relay}
 		run = func(ctx context.Context) (*mcp.CallToolResult, bool, error) {
-			r, err := forward(ctx)
-			if err != nil && !errors.Is(err, ErrClientAsked) && (errors.Is(err, upstream.ErrDown) || errors.Is(err, upstream.ErrCallTimeout)) {
-				err = adapter.Transient(err)
+			r, err := ex.Upstreams.Run(ctx, c)
+			if err == nil {
+				raw = r.Raw
 			}
-			return r, false, err
+			return r.Tool, false, err
 		}
 	default:
 		cr.Err = fmt.Errorf("%w: %s has no mcp_server or builtin source (its agent runtime runs it)", ErrNotExecutable, t.ID)
@@ -311,7 +176,7 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 			cr.Raw, cr.Output, cr.Failed = raw, raw, isError
 			cr.Attempts = len(cr.AttemptLog)
 			cr.Details = completionDetails(cr)
-			g.Complete(ctx, req, out, cr.Result)
+			g.complete(ctx, req, out, cr.Result)
 			return cr
 		}
 		res = new(mcp.CallToolResult)
@@ -333,7 +198,7 @@ func (g *Gate) execute(ctx context.Context, req Request, out Outcome, opts *Call
 	cr.Failed = cr.Err != nil || res == nil || res.IsError
 	cr.Attempts = len(cr.AttemptLog)
 	cr.Details = completionDetails(cr)
-	g.Complete(ctx, req, out, cr.Result)
+	g.complete(ctx, req, out, cr.Result)
 	return cr
 }
 
@@ -525,18 +390,4 @@ func (g *Gate) workspace(snap *authz.Snapshot, agentID string) string {
 	return ws
 }
 
-// deny is a refusal decided outside authz (by a built-in tool's Inspect),
-// carrying what the tool-level decision knew about the tool.
-func deny(pre toolgate.Decision, req Request, code toolgate.Code, layer toolgate.Layer, reason string) toolgate.Decision {
-	return toolgate.Decision{Verdict: toolgate.Deny, Code: code, Layer: layer, Reason: reason, ToolID: pre.ToolID,
-		ToolName: req.Tool, EventType: toolgate.EventUnauthorized, SideEffectClass: pre.SideEffectClass, ApprovalTier: pre.ApprovalTier}
-}
 
-// refuse records a deny decided outside authz, exactly as Authorize records
-// its denials, and returns its outcome.
-func (g *Gate) refuse(ctx context.Context, req Request, pa parsed, d toolgate.Decision) Outcome {
-	out := g.newOutcome(req, pa)
-	out.Decision = d
-	g.record(ctx, req, &out, false)
-	return out
-}
