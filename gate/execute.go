@@ -389,5 +389,3 @@ func (g *Gate) workspace(snap *authz.Snapshot, agentID string) string {
 	}
 	return ws
 }
-
-

@@ -116,7 +116,7 @@ func (g *Gate) hold(ctx context.Context, req Request, id string, wait time.Durat
 	for {
 		if req.Progress != nil {
 			waited := time.Since(start)
-			req.Progress(waited.Seconds(), wait.Seconds(), fmt.Sprintf("waiting for approval %s (%s left)", id, (wait - waited).Round(time.Second)))
+			req.Progress(waited.Seconds(), wait.Seconds(), fmt.Sprintf("waiting for approval %s (%s left)", id, (wait-waited).Round(time.Second)))
 		}
 		select {
 		case a := <-c:

@@ -191,7 +191,9 @@ func TestDecideOnlyIsMarked(t *testing.T) {
 	gr := gate.New(compile(t, recordBundle), &gate.Options{Recorder: rec, Approvals: st, Executor: &gate.Executor{
 		Upstreams: blockingUpstream{running, release}}})
 	done := make(chan gate.Outcome, 1)
-	go func() { done <- gr.Handle(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`), Via: "http"}) }()
+	go func() {
+		done <- gr.Handle(ctx, gate.Request{Identity: recordID, Tool: "up_read", Args: []byte(`{}`), Via: "http"})
+	}()
 	<-running
 	if err := rec.Close(ctx); err != nil {
 		t.Fatal(err)
