@@ -159,6 +159,12 @@ const (
 	// is not one the gateway serves or relays (method not found): the
 	// method, the source address and how many such refusals it stands for.
 	EventMethodRefused EventType = "gateway.method.refused"
+	// EventRequestRefused records requests refused at the edge before
+	// anything was decided (a refused origin, a body too large, not
+	// JSON-RPC or a batch, an unknown or foreign session, a session cap),
+	// with the HTTP status and reason, the source address and how many
+	// such refusals it stands for (details count, first, last).
+	EventRequestRefused EventType = "gateway.request.refused"
 	// EventOutcomeUnknown marks an allowed call whose completion was never
 	// recorded because the gateway stopped (crashed, was killed) first: the
 	// call may or may not have run. Its causation_id is the allow's

@@ -252,6 +252,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	mux.Handle("/mcp", gw.Proxy.Handler())
 	// The JSON API also serves /healthz, /readyz and /metrics.
 	mux.Handle("/", gw.Proxy.OriginGuard(httpapi.New(gw.Gate, &httpapi.Options{Metrics: gw.Metrics, Ready: gw.Ready, Logger: log,
+		Refused:  func(r *http.Request, status int, code string) { gw.Proxy.RequestRefused(r, "http", status, code) },
 		Identify: gw.identifyHTTP})))
 	mux.Handle("/v1/delegations", gw.Proxy.OriginGuard(gw.delegationsHandler())) // identity.go
 	if cfg.Mount != nil {

@@ -77,6 +77,11 @@ type Options struct {
 	// and deployment mode come only from the identity; a body naming
 	// other values is refused with 403.
 	Identify func(r *http.Request) (gate.Identity, error)
+	// Refused, when set, is told of every request answered with an error
+	// other than 401 (which Identify records): a request refused before
+	// anything was decided, with its HTTP status and error code, so that
+	// it is logged, counted and audited (rate-limited).
+	Refused func(r *http.Request, status int, code string)
 	// Logger gets request failures (5xx, panics); nil discards.
 	Logger *slog.Logger
 }
@@ -241,6 +246,11 @@ func (s *server) wrap(method string, auth bool, h handler) http.Handler {
 		e := Classify(err)
 		if e.Status >= 500 {
 			s.log.Error("httpapi: request failed", "method", r.Method, "path", r.URL.Path, "status", e.Status, "err", err)
+		}
+		if e.Status >= 400 && e.Status != http.StatusUnauthorized && s.o.Refused != nil {
+			// A request refused before anything was decided (a failed
+			// authentication is recorded by Identify).
+			s.o.Refused(r, e.Status, e.Code)
 		}
 		WriteError(w, e)
 	})

@@ -262,7 +262,7 @@ func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *P
 	p.lists = newLister(p.opts.PageSize)
 	p.refused = newRefusals(p.log, p.g.RecordEvent)
 	if p.opts.Registerer != nil {
-		p.opts.Registerer.MustRegister(p.refused.auth, p.refused.method)
+		p.opts.Registerer.MustRegister(p.refused.auth, p.refused.method, p.refused.request)
 	}
 	version := p.opts.Version
 	if version == "" {
@@ -356,9 +356,17 @@ func writeRPCError(w http.ResponseWriter, status int, code int64, msg string) {
 // guard checks Origin, the credential, the body size and batches before
 // the SDK sees the request.
 func (p *Proxy) guard(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		// Every request refused here or by the SDK is recorded, once.
+		w := &statusWriter{ResponseWriter: rw}
+		defer func() {
+			if w.status >= 400 && !w.recorded {
+				p.refused.requestRefused(r, "mcp", w.status, w.reason)
+			}
+		}()
 		ids := p.ids.Load()
 		if msg := ids.checkOrigin(r); msg != "" {
+			w.refuse("origin_refused")
 			// The body is not read: close the connection rather than let
 			// net/http wait for it (a client could send it never).
 			w.Header().Set("Connection", "close")
@@ -368,6 +376,7 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 		ident, err := ids.Identify(r.Header.Get("Authorization"))
 		if err != nil {
 			p.refused.authFailed(r, "mcp", err)
+			w.recorded = true
 			w.Header().Set("Connection", "close")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="toolgate"`)
 			writeRPCError(w, http.StatusUnauthorized, jsonrpc.CodeInvalidRequest, err.Error())
@@ -387,36 +396,43 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 			if err != nil {
 				var tooBig *http.MaxBytesError
 				if errors.As(err, &tooBig) {
+					w.refuse("body_too_large")
 					writeRPCError(w, http.StatusRequestEntityTooLarge, jsonrpc.CodeInvalidRequest, fmt.Sprintf("request body is larger than %d bytes", MaxBodyBytes))
 					return
 				}
 				var ne net.Error
 				if errors.As(err, &ne) && ne.Timeout() {
+					w.refuse("body_timeout")
 					w.Header().Set("Connection", "close")
 					writeRPCError(w, http.StatusRequestTimeout, jsonrpc.CodeInvalidRequest, fmt.Sprintf("the request body did not arrive within %s", BodyReadTimeout))
 					return
 				}
+				w.refuse("body_unreadable")
 				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeParseError, "could not read the request body: "+err.Error())
 				return
 			}
 			if t := bytes.TrimLeft(body, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+				w.refuse("batch")
 				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, "JSON-RPC batches are refused: send each request on its own so each is decided on its own (nothing in this batch was forwarded)")
 				return
 			}
 			env, err := parseEnvelope(body)
 			if err != nil {
+				w.refuse("malformed_jsonrpc")
 				writeRPCError(w, http.StatusBadRequest, jsonrpc.CodeInvalidRequest, err.Error())
 				return
 			}
 			if env.Method != nil && !clientMethods[*env.Method] {
+				w.recorded = true
 				p.refuseMethod(w, r, env)
 				return
 			}
 			if sid == "" && env.Method != nil && *env.Method == "initialize" {
-				release, ok := p.admitSession(w, cred)
+				release, ok := p.admitSession(w.refuse("session_cap"), cred)
 				if !ok {
 					return
 				}
+				w.reason = ""
 				defer release()
 			}
 			if sid != "" && p.serveFast(w, r, sid, env, ident) {

@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +39,12 @@ const (
 
 // AuthFailuresTotal is the counter of failed authentications, by reason.
 const AuthFailuresTotal = "toolgate_auth_failures_total"
+
+// RequestsRefusedTotal is the counter of requests refused at the edge,
+// before anything was decided (a refused origin, a body too large or not
+// JSON-RPC, a batch, an unknown or foreign session, a session cap), by
+// HTTP status and reason.
+const RequestsRefusedTotal = "toolgate_requests_refused_total"
 
 // MethodsRefusedTotal is the counter of MCP messages refused because their
 // method is not one the gateway serves or relays, by direction
@@ -97,10 +105,11 @@ type refusalWindow struct {
 
 // refusals is the rate-limited recorder of one Proxy.
 type refusals struct {
-	log    *slog.Logger
-	record func(audit.Event) // nil: no audit log
-	auth   *prometheus.CounterVec
-	method *prometheus.CounterVec
+	log     *slog.Logger
+	record  func(audit.Event) // nil: no audit log
+	auth    *prometheus.CounterVec
+	method  *prometheus.CounterVec
+	request *prometheus.CounterVec
 
 	mu   sync.Mutex
 	open map[refusalKey]*refusalWindow
@@ -114,6 +123,9 @@ func newRefusals(log *slog.Logger, record func(audit.Event)) *refusals {
 		method: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MethodsRefusedTotal,
 			Help: "MCP messages refused because the gateway does not serve or relay their method, by direction (client: sent by a client; upstream: sent by an upstream)."},
 			[]string{"direction"}),
+		request: prometheus.NewCounterVec(prometheus.CounterOpts{Name: RequestsRefusedTotal,
+			Help: "Requests refused at the edge before anything was decided (origin, body, batch, session, caps), by HTTP status and reason."},
+			[]string{"status", "reason"}),
 	}
 	for _, reason := range []string{AuthMissing, AuthMalformed, AuthUnknownKey, AuthInvalidToken} {
 		r.auth.WithLabelValues(reason)
@@ -158,6 +170,17 @@ func clipName(s string) string {
 		return s
 	}
 	return fmt.Sprintf("%.128s…[%d bytes]", s, len(s))
+}
+
+// requestRefused records one request refused at the edge with HTTP status
+// and reason (a short code such as "batch" or "body_too_large", or the
+// status text when the SDK refused it).
+func (rf *refusals) requestRefused(r *http.Request, via string, status int, reason string) {
+	if reason == "" {
+		reason = strings.ToLower(strings.ReplaceAll(http.StatusText(status), " ", "_"))
+	}
+	rf.request.WithLabelValues(strconv.Itoa(status), reason).Inc()
+	rf.note(refusalKey{event: toolgate.EventRequestRefused, reason: reason, source: sourceOf(r), via: fmt.Sprintf("%s %d", via, status)})
 }
 
 // note writes the first refusal of a window at once and counts the rest.
@@ -223,6 +246,9 @@ func (rf *refusals) emit(k refusalKey, n int, first, last time.Time) {
 	case toolgate.EventAuthRefused:
 		what = "authentication refused"
 		msg = fmt.Sprintf("authentication refused on %s from %s: %s", k.via, k.source, k.reason)
+	case toolgate.EventRequestRefused:
+		what = "request refused"
+		msg = fmt.Sprintf("request refused on %s from %s: %s", k.via, k.source, k.reason)
 	default:
 		what = "method refused"
 		msg = fmt.Sprintf("%s refused on %s from %s: the gateway does not serve or relay this method", k.reason, k.via, k.source)
@@ -239,7 +265,61 @@ func (rf *refusals) emit(k refusalKey, n int, first, last time.Time) {
 	if k.event == toolgate.EventMethodRefused {
 		code = "method_not_found"
 	}
+	if k.event == toolgate.EventRequestRefused {
+		code = "request_refused"
+	}
 	rf.record(audit.Event{EventType: string(k.event), OccurredAt: first, Verdict: toolgate.Deny.String(), Code: code,
 		Reason: msg, Details: map[string]any{"reason": k.reason, "source": k.source, "via": k.via, "count": n,
 			"first": first.UTC().Format(time.RFC3339Nano), "last": last.UTC().Format(time.RFC3339Nano)}})
+}
+
+// statusWriter remembers the status of an answer, so that every request
+// refused at the edge is recorded once, whoever refused it (the guard, or
+// the SDK: an unknown or foreign session, a method it does not allow).
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	// reason names why the guard refused the request (a short code); ""
+	// for the SDK's refusals, named by their status.
+	reason string
+	// recorded is set when the refusal was recorded already (failed
+	// authentication, a refused method).
+	recorded bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush flushes the answer (SSE streams).
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap gives http.ResponseController the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// refuse marks the answer as the guard's refusal for reason.
+func (w *statusWriter) refuse(reason string) *statusWriter {
+	w.reason = reason
+	return w
+}
+
+// RequestRefused records a request another handler (the JSON API) refused
+// before anything was decided: logged, counted and audited like the MCP
+// endpoint's, rate-limited per reason and source.
+func (p *Proxy) RequestRefused(r *http.Request, via string, status int, reason string) {
+	p.refused.requestRefused(r, via, status, reason)
 }
