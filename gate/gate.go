@@ -14,7 +14,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"errors"
 	"log/slog"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,9 +94,37 @@ type Options struct {
 	AuditLog audit.Store
 }
 
+// Credentials identifies the requests of an enforcement point from their
+// Authorization header alone; *identity.Table implements it (API keys,
+// JWTs, delegation tokens, Settings.anonymous, allowed origins).
+type Credentials interface {
+	// Identify returns who a request with this Authorization header is;
+	// the error (answered with 401) never holds the credential.
+	Identify(authorization string) (Identity, error)
+	// CheckOrigin says why a browser request's Origin or Host is refused,
+	// or "".
+	CheckOrigin(r *http.Request) string
+}
+
+// runtime is what a reload changes, as one value: the compiled policy and
+// the credentials built from the same bundle, so that no request ever sees
+// the new policy with the old credentials or the reverse.
+type runtime struct {
+	snap  *authz.Snapshot
+	creds Credentials
+}
+
+// noCredentials refuses every request (a gate installed without a table).
+type noCredentials struct{}
+
+func (noCredentials) Identify(string) (Identity, error) {
+	return Identity{}, errors.New("unauthorized: this gateway has no credentials")
+}
+func (noCredentials) CheckOrigin(*http.Request) string { return "" }
+
 // Gate decides, approves and records. It is safe for concurrent use.
 type Gate struct {
-	snap atomic.Pointer[authz.Snapshot]
+	rt   atomic.Pointer[runtime]
 	opts Options
 	now  func() time.Time
 	log  *slog.Logger
@@ -127,15 +157,36 @@ func New(snap *authz.Snapshot, opts *Options) *Gate {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
-	g.snap.Store(snap)
+	g.rt.Store(&runtime{snap: snap, creds: noCredentials{}})
 	return g
 }
 
 // Snapshot returns the current policy snapshot.
-func (g *Gate) Snapshot() *authz.Snapshot { return g.snap.Load() }
+func (g *Gate) Snapshot() *authz.Snapshot { return g.rt.Load().snap }
 
-// Swap installs a new snapshot; calls decided after it returns use it.
-func (g *Gate) Swap(s *authz.Snapshot) { g.snap.Store(s) }
+// Credentials returns the current credential table.
+func (g *Gate) Credentials() Credentials { return g.rt.Load().creds }
+
+// Install swaps in a new snapshot and the credential table built from the
+// same bundle, together (one pointer): requests identified or decided
+// after it returns use both. A nil creds keeps the current table.
+func (g *Gate) Install(s *authz.Snapshot, creds Credentials) {
+	for {
+		old := g.rt.Load()
+		next := &runtime{snap: s, creds: creds}
+		if creds == nil {
+			next.creds = old.creds
+		}
+		if g.rt.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// Swap installs a new snapshot and keeps the credentials (a recompile
+// after an upstream announced new tools); calls decided after it returns
+// use it.
+func (g *Gate) Swap(s *authz.Snapshot) { g.Install(s, nil) }
 
 // Recorder returns the audit recorder (nil when there is none).
 func (g *Gate) Recorder() *audit.Recorder { return g.opts.Recorder }

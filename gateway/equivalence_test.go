@@ -45,7 +45,7 @@ var equivalenceCases = []struct {
 
 func TestEnforcementPointsAgree(t *testing.T) {
 	e := startBuiltinGateway(t, "")
-	id, err := e.gw.Proxy.Identities().Identify("Bearer " + analystKey)
+	id, err := e.gw.Gate.Credentials().Identify("Bearer " + analystKey)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/toolgate/toolgate/builtin/registry"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/httpapi"
+	"github.com/toolgate/toolgate/identity"
 	"github.com/toolgate/toolgate/mcpproxy"
 	"github.com/toolgate/toolgate/metrics"
 	"github.com/toolgate/toolgate/policy"
@@ -239,7 +240,8 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		// they came through; it measures every attempt.
 		executor.Upstreams = &mcptool.Executor{Upstreams: ups, Observer: gw.Metrics}
 	}
-	gw.Proxy = mcpproxy.New(gw.Gate, ups, prep.Identities, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics,
+	gw.Gate.Install(snap, prep.Credentials)
+	gw.Proxy = mcpproxy.New(gw.Gate, ups, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics,
 		Registerer: gw.Metrics.Registry()})
 	gw.Proxy.SetBuiltins(snap, bt)
 	if ups != nil {
@@ -565,7 +567,7 @@ func (gw *Gateway) applyTools(name string, tools []*mcp.Tool, seq uint64) {
 			Reason:  fmt.Sprintf("upstream %s changed its tool list (%d tools now)", name, len(accepted)),
 			Details: map[string]any{"upstream": name}})
 	}
-	if err := gw.recompileLocked(gw.bundle); err != nil {
+	if err := gw.recompileLocked(gw.bundle, nil); err != nil {
 		gw.log.Error("recompile after upstream change failed; the previous snapshot stays", "upstream", name, "err", err)
 	}
 	if gw.Proxy != nil {
@@ -639,7 +641,10 @@ func (gw *Gateway) reportMissingLocked(name string) {
 	}
 }
 
-func (gw *Gateway) recompileLocked(b *policy.Bundle) error {
+// recompileLocked compiles b with the tools the upstreams announced and
+// installs the snapshot, with creds (nil: the current credential table)
+// in the same swap.
+func (gw *Gateway) recompileLocked(b *policy.Bundle, creds gate.Credentials) error {
 	var all []authz.AnnouncedTool
 	names := make([]string, 0, len(gw.announced))
 	for n := range gw.announced {
@@ -653,7 +658,7 @@ func (gw *Gateway) recompileLocked(b *policy.Bundle) error {
 	if err != nil {
 		return err
 	}
-	gw.Gate.Swap(snap)
+	gw.Gate.Install(snap, creds)
 	gw.gen++
 	return nil
 }
@@ -665,12 +670,13 @@ func (gw *Gateway) Reload() error {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	b, err := policy.LoadDir(gw.cfg.BundleDir)
-	var ids *mcpproxy.Identities
+	var creds *identity.Table
 	if err == nil {
-		ids, err = gw.identities(b)
+		creds, err = gw.identities(b)
 	}
 	if err == nil {
-		err = gw.recompileLocked(b)
+		// The new policy and its credentials, in one swap.
+		err = gw.recompileLocked(b, creds)
 	}
 	if err != nil {
 		gw.log.Error("bundle rejected; the last good bundle stays", "err", err)
@@ -679,7 +685,6 @@ func (gw *Gateway) Reload() error {
 		return err
 	}
 	gw.bundle = b
-	gw.Proxy.SetIdentities(ids)
 	gw.Proxy.SetBuiltins(gw.Gate.Snapshot(), gw.Builtins)
 	if gw.Ups != nil {
 		gw.Ups.SetMaxResultBytes(adapter.ReadLimit(resultCap(b)))

@@ -27,8 +27,8 @@ const EventDelegationRefused = "identity.delegation.refused"
 
 // identityState is the gateway's token verification: the delegation
 // keyring in the data folder (one for the gateway's life; the key is made
-// on first use) and, per bundle, the identity.Authenticator that the MCP
-// proxy's credential table carries (mcpproxy.Identities.Tokens).
+// on first use) and, per bundle, the identity.Authenticator that the
+// credential table (identity.Table, installed in the gate) carries.
 type identityState struct {
 	once sync.Once
 	keys *identity.Keyring
@@ -43,18 +43,22 @@ func (gw *Gateway) keyring() *identity.Keyring {
 // identities builds the credential table for b: its API keys, and the JWTs
 // and delegation tokens package identity verifies. The error names an
 // unusable jwks_file; the bundle is then refused like an invalid one.
-func (gw *Gateway) identities(b *policy.Bundle) (*mcpproxy.Identities, error) {
+func (gw *Gateway) identities(b *policy.Bundle) (*identity.Table, error) {
 	auth, err := identity.New(b, gw.keyring(), &identity.Options{Logger: gw.log})
 	if err != nil {
 		return nil, fmt.Errorf("identity settings: %w", err)
 	}
-	return mcpproxy.NewIdentities(b).WithTokens(auth), nil
+	return identity.NewTable(b, auth), nil
 }
 
 // authenticator returns the current bundle's authenticator.
 func (gw *Gateway) authenticator() (*identity.Authenticator, bool) {
-	a, ok := gw.Proxy.Identities().Tokens().(*identity.Authenticator)
-	return a, ok && a != nil
+	t, ok := gw.Gate.Credentials().(*identity.Table)
+	if !ok {
+		return nil, false
+	}
+	a := t.Authenticator()
+	return a, a != nil
 }
 
 // narrowedPaths are the JSON API routes an identity narrowed by a

@@ -17,7 +17,6 @@ import (
 	"github.com/toolgate/toolgate/builtin/registry"
 	"github.com/toolgate/toolgate/builtin/sqltool"
 	"github.com/toolgate/toolgate/identity"
-	"github.com/toolgate/toolgate/mcpproxy"
 	"github.com/toolgate/toolgate/policy"
 	"github.com/toolgate/toolgate/upstream"
 )
@@ -53,9 +52,9 @@ type Prepared struct {
 	// Upstreams are the upstream configurations, validated, every secret
 	// resolved once (they are resolved again at each start).
 	Upstreams []upstream.Config
-	// Identities is the credential table, with the JWT and delegation
+	// Credentials is the credential table, with the JWT and delegation
 	// token verification of the identity settings (every jwks_file read).
-	Identities *mcpproxy.Identities
+	Credentials *identity.Table
 	// Builtins are the built-in tools, open; nil with CheckOnly.
 	Builtins *registry.Registry
 
@@ -139,7 +138,7 @@ func Prepare(ctx context.Context, cfg Config, opts *PrepareOptions) (*Prepared, 
 	if err != nil {
 		add(policy.Pos{}, fmt.Errorf("identity settings: %w", err))
 	} else {
-		p.Identities = mcpproxy.NewIdentities(b).WithTokens(auth)
+		p.Credentials = identity.NewTable(b, auth)
 	}
 
 	connect := !o.CheckOnly || o.Connect

@@ -334,7 +334,7 @@ func TestAnonymousIsNotShared(t *testing.T) {
 
 	// Over the JSON API there is no session: an anonymous call that needs
 	// approval neither creates nor uses one.
-	anon, _ := p.ids.Load().Identify("")
+	anon, _ := p.g.Credentials().Identify("")
 	out := p.g.Decide(ctx, gate.Request{Identity: anon, Tool: "echo", Args: json.RawMessage(`{"n":0}`), Via: "http"})
 	if out.ApprovalID != "" || !strings.Contains(out.Decision.Reason, "not queued") {
 		t.Errorf("anonymous call without a session: approval %q, reason %q; want none, not queued", out.ApprovalID, out.Decision.Reason)

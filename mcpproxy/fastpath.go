@@ -41,6 +41,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolgate/toolgate/gate"
+	"github.com/toolgate/toolgate/identity"
 )
 
 // SessionTimeout is how long a client session may stay idle (no request of
@@ -107,7 +108,7 @@ func credentialKey(authorization string) string {
 	if authorization == "" {
 		return anonymousUserID
 	}
-	token, ok := bearerToken(authorization)
+	token, ok := identity.BearerToken(authorization)
 	if !ok {
 		return "unparsed"
 	}

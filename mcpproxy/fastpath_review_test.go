@@ -36,6 +36,7 @@ import (
 	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
+	"github.com/toolgate/toolgate/identity"
 	"github.com/toolgate/toolgate/internal/testenv"
 	"github.com/toolgate/toolgate/policy"
 	"github.com/toolgate/toolgate/upstream"
@@ -158,7 +159,8 @@ func serveProxyEnv(t *testing.T, bundleYAML string, env proxyEnv) (string, *Prox
 		t.Fatal(err)
 	}
 	ex.Upstreams = &mcptool.Executor{Upstreams: ups}
-	p = New(g, ups, NewIdentities(b), env.opts)
+	g.Install(g.Snapshot(), identity.NewTable(b, nil))
+	p = New(g, ups, env.opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := ups.Start(ctx); err != nil {

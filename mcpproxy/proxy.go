@@ -24,7 +24,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -39,6 +38,7 @@ import (
 	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
+	"github.com/toolgate/toolgate/identity"
 	"github.com/toolgate/toolgate/policy"
 	"github.com/toolgate/toolgate/toolid"
 	"github.com/toolgate/toolgate/upstream"
@@ -87,107 +87,6 @@ type Options struct {
 // *metrics.Metrics has it.
 type pathObserver interface{ ToolsCallPath(path string) }
 
-// Identities maps credentials to identities; it is rebuilt on reload.
-type Identities struct {
-	byKeyHash map[string]gate.Identity
-	names     map[string]string
-	anonymous *gate.Identity
-	origins   map[string]bool
-	tokens    TokenVerifier
-}
-
-// TokenVerifier authenticates bearer tokens that are not API keys: JWTs of
-// a trusted issuer and the gateway's delegation tokens (package identity).
-// Its error is answered with 401.
-type TokenVerifier interface {
-	Verify(token string) (gate.Identity, error)
-}
-
-// WithTokens returns a copy of ids that also accepts the JWT-shaped bearer
-// tokens v verifies; nil accepts API keys only.
-func (ids *Identities) WithTokens(v TokenVerifier) *Identities {
-	cp := *ids
-	cp.tokens = v
-	return &cp
-}
-
-// Tokens returns the token verifier WithTokens installed (nil if none).
-func (ids *Identities) Tokens() TokenVerifier { return ids.tokens }
-
-// NewIdentities builds the credential table from a bundle's Credential
-// documents and Settings.anonymous.
-func NewIdentities(b *policy.Bundle) *Identities {
-	ids := &Identities{byKeyHash: map[string]gate.Identity{}, names: map[string]string{}, origins: map[string]bool{}}
-	for _, c := range b.Credentials {
-		ids.byKeyHash[c.APIKeySHA256] = toIdentity(c.Identity)
-		ids.names[c.APIKeySHA256] = c.Name
-	}
-	if len(b.Settings) > 0 {
-		if a := b.Settings[0].Anonymous; a != nil {
-			id := toIdentity(*a)
-			ids.anonymous = &id
-		}
-		for _, o := range b.Settings[0].AllowedOrigins {
-			ids.origins[o] = true
-		}
-	}
-	return ids
-}
-
-func toIdentity(p policy.Identity) gate.Identity {
-	return gate.Identity{Principal: p.Principal, AgentID: p.AgentID, InstanceID: p.InstanceID,
-		Environment: p.Environment, DeploymentMode: p.DeploymentMode}
-}
-
-// errUnauthorized is a missing or wrong credential.
-var errUnauthorized = errors.New("unauthorized")
-
-// Identify maps an Authorization header to an identity: a known API key's
-// identity, a JWT or delegation token's (WithTokens), or the anonymous
-// identity (marked Anonymous) when there is no header and one is
-// configured. A wrong key or token is refused even when anonymous access is
-// on. The error is an *AuthError saying why (AuthReason); it never holds
-// the credential.
-func (ids *Identities) Identify(authorization string) (gate.Identity, error) {
-	if authorization == "" {
-		if ids.anonymous != nil {
-			id := *ids.anonymous
-			id.Anonymous = true
-			return id, nil
-		}
-		return gate.Identity{}, authError(AuthMissing, nil, "no credential (send Authorization: Bearer <api key>)")
-	}
-	key, ok := bearerToken(authorization)
-	if !ok {
-		return gate.Identity{}, authError(AuthMalformed, nil, "the Authorization header must be Bearer <api key>")
-	}
-	sum := sha256.Sum256([]byte(key))
-	id, ok := ids.byKeyHash[hex.EncodeToString(sum[:])]
-	if !ok && ids.tokens != nil && strings.Count(key, ".") == 2 {
-		// JWT-shaped: a token, never the client's say (package identity).
-		tid, err := ids.tokens.Verify(key)
-		if err != nil {
-			return gate.Identity{}, authError(AuthInvalidToken, err, "%v", err)
-		}
-		return tid, nil
-	}
-	if !ok {
-		return gate.Identity{}, authError(AuthUnknownKey, nil, "unknown API key")
-	}
-	return id, nil
-}
-
-// bearerToken returns the token of an Authorization header "Bearer TOKEN"
-// (the scheme in any case, the token trimmed); false if it is not one.
-func bearerToken(authorization string) (string, bool) {
-	scheme, key, ok := strings.Cut(authorization, " ")
-	key = strings.TrimSpace(key)
-	if !ok || !strings.EqualFold(scheme, "bearer") || key == "" {
-		return "", false
-	}
-	return key, true
-}
-
 // mirror is one upstream tool as the gateway's clients see it.
 type mirror struct {
 	// def is the definition tools/list shows (under the model-visible
@@ -213,7 +112,6 @@ type Proxy struct {
 	handler http.Handler
 	opts    Options
 	log     *slog.Logger
-	ids     atomic.Pointer[Identities]
 
 	mu      sync.Mutex
 	mirrors map[string]mirror // model-visible name → upstream tool
@@ -247,7 +145,7 @@ func (p *Proxy) countPath(path string) {
 }
 
 // New builds the proxy. ups may be nil (no upstreams yet).
-func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *Proxy {
+func New(g *gate.Gate, ups *upstream.Manager, opts *Options) *Proxy {
 	p := &Proxy{g: g, ups: ups, mirrors: map[string]mirror{}}
 	if opts != nil {
 		p.opts = *opts
@@ -256,7 +154,6 @@ func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *P
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
-	p.ids.Store(ids)
 	p.relay = newRelay(p)
 	p.fast = newFastState()
 	p.lists = newLister(p.opts.PageSize)
@@ -280,14 +177,14 @@ func New(g *gate.Gate, ups *upstream.Manager, ids *Identities, opts *Options) *P
 	// A request with a credential carries it to the SDK as TokenInfo, so a
 	// session is bound to the credential that created it: another key
 	// cannot GET its stream, DELETE it or post into it (403).
-	bound := auth.RequireBearerToken(func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		return &auth.TokenInfo{UserID: tokenUserID(token), Expiration: time.Now().Add(24 * time.Hour)}, nil
+	bound := auth.RequireBearerToken(func(_ context.Context, token string, r *http.Request) (*auth.TokenInfo, error) {
+		return &auth.TokenInfo{UserID: tokenUserID(token), Expiration: time.Now().Add(24 * time.Hour), Extra: identityExtra(r)}, nil
 	}, nil)(sdk)
 	// A request without one (Settings.anonymous) is bound to the anonymous
 	// user, so that no credential's request can use an anonymous session
 	// either; anonymous clients are told apart by their session ids alone.
-	anonymous := auth.RequireBearerToken(func(context.Context, string, *http.Request) (*auth.TokenInfo, error) {
-		return &auth.TokenInfo{UserID: anonymousUserID, Expiration: time.Now().Add(24 * time.Hour)}, nil
+	anonymous := auth.RequireBearerToken(func(_ context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
+		return &auth.TokenInfo{UserID: anonymousUserID, Expiration: time.Now().Add(24 * time.Hour), Extra: identityExtra(r)}, nil
 	}, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Del("Authorization")
 		sdk.ServeHTTP(w, r)
@@ -318,7 +215,7 @@ func (p *Proxy) FlushRefusals() { p.refused.Flush() }
 // failure (log line, toolgate_auth_failures_total, gateway.auth.refused;
 // never the credential).
 func (p *Proxy) Authenticate(r *http.Request, via string) (gate.Identity, error) {
-	id, err := p.ids.Load().Identify(r.Header.Get("Authorization"))
+	id, err := p.g.Credentials().Identify(r.Header.Get("Authorization"))
 	if err != nil {
 		p.refused.authFailed(r, via, err)
 	}
@@ -333,17 +230,12 @@ func (p *Proxy) AuthRefused(r *http.Request, via string, err error) {
 }
 
 // MissingCredential is the error of a route that needs a credential and
-// got none (AuthReason: AuthMissing).
-func MissingCredential(msg string) error { return authError(AuthMissing, nil, "%s", msg) }
+// got none (identity.AuthReason: identity.AuthMissing).
+func MissingCredential(msg string) error { return identity.MissingCredential(msg) }
 
 // Handler returns the HTTP handler to mount at /mcp.
 func (p *Proxy) Handler() http.Handler { return p.handler }
 
-// SetIdentities installs a new credential table (on reload).
-func (p *Proxy) SetIdentities(ids *Identities) { p.ids.Store(ids) }
-
-// Identities returns the current credential table.
-func (p *Proxy) Identities() *Identities { return p.ids.Load() }
 
 // writeRPCError answers an HTTP request with a JSON-RPC error body.
 func writeRPCError(w http.ResponseWriter, status int, code int64, msg string) {
@@ -364,8 +256,8 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 				p.refused.requestRefused(r, "mcp", w.status, w.reason)
 			}
 		}()
-		ids := p.ids.Load()
-		if msg := ids.checkOrigin(r); msg != "" {
+		creds := p.g.Credentials()
+		if msg := creds.CheckOrigin(r); msg != "" {
 			w.refuse("origin_refused")
 			// The body is not read: close the connection rather than let
 			// net/http wait for it (a client could send it never).
@@ -373,7 +265,7 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 			writeRPCError(w, http.StatusForbidden, jsonrpc.CodeInvalidRequest, msg)
 			return
 		}
-		ident, err := ids.Identify(r.Header.Get("Authorization"))
+		ident, err := creds.Identify(r.Header.Get("Authorization"))
 		if err != nil {
 			p.refused.authFailed(r, "mcp", err)
 			w.recorded = true
@@ -382,6 +274,7 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 			writeRPCError(w, http.StatusUnauthorized, jsonrpc.CodeInvalidRequest, err.Error())
 			return
 		}
+		r = r.WithContext(context.WithValue(r.Context(), identityKey{}, ident))
 		sid := r.Header.Get("Mcp-Session-Id")
 		cred := credentialKey(r.Header.Get("Authorization"))
 		done := p.begin(sid, cred)
@@ -391,7 +284,7 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 			// whole body, then no deadline (a response stream may be long).
 			rc := http.NewResponseController(w)
 			rc.SetReadDeadline(time.Now().Add(BodyReadTimeout))
-			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+			body, err := io.ReadAll(http.MaxBytesReader(rw, r.Body, MaxBodyBytes)) // rw: net/http closes the connection after a 413
 			rc.SetReadDeadline(time.Time{})
 			if err != nil {
 				var tooBig *http.MaxBytesError
@@ -460,38 +353,11 @@ func (p *Proxy) refuseMethod(w http.ResponseWriter, r *http.Request, env *envelo
 	w.Write(errorMessage(env.ID, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: msg}))
 }
 
-// checkOrigin refuses a browser Origin that is neither loopback nor in
-// Settings.allowed_origins, and a non-loopback Host on a loopback listener
-// (DNS rebinding protection). It returns why, or "".
-func (ids *Identities) checkOrigin(r *http.Request) string {
-	if o := r.Header.Get("Origin"); o != "" && !ids.origins[o] && !loopbackOrigin(o) {
-		return "origin " + o + " is not allowed (DNS rebinding protection); add it to Settings.allowed_origins"
-	}
-	if la, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
-		if ta, ok := la.(*net.TCPAddr); ok && ta.IP.IsLoopback() && !loopbackHost(r.Host) {
-			return "host " + r.Host + " is not allowed on a loopback listener (DNS rebinding protection)"
-		}
-	}
-	return ""
-}
-
-func loopbackHost(hostport string) bool {
-	h := hostport
-	if hh, _, err := net.SplitHostPort(hostport); err == nil {
-		h = hh
-	}
-	if h == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(strings.Trim(h, "[]"))
-	return ip != nil && ip.IsLoopback()
-}
-
 // OriginGuard applies the Origin and Host checks of the MCP endpoint to
 // another handler (the JSON API).
 func (p *Proxy) OriginGuard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if msg := p.ids.Load().checkOrigin(r); msg != "" {
+		if msg := p.g.Credentials().CheckOrigin(r); msg != "" {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusForbidden)
 			body, _ := json.Marshal(map[string]any{"error": map[string]any{"code": "origin_refused", "message": msg}})
@@ -502,31 +368,34 @@ func (p *Proxy) OriginGuard(next http.Handler) http.Handler {
 	})
 }
 
-func loopbackOrigin(o string) bool {
-	u, err := url.Parse(o)
-	if err != nil {
-		return false
-	}
-	h := u.Hostname()
-	if h == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(h)
-	return ip != nil && ip.IsLoopback()
-}
-
-// identify is the identity of an MCP request (Identify on its
-// Authorization header; an anonymous identity bound to its session).
+// identify is the identity of an MCP request: the one the guard found for
+// it at the edge (carried to the SDK in its TokenInfo), bound to its
+// session when anonymous. The request is never identified twice.
 func (p *Proxy) identify(req mcp.Request) (gate.Identity, error) {
 	extra := req.GetExtra()
-	if extra == nil || extra.Header == nil {
-		return gate.Identity{}, fmt.Errorf("%w: no HTTP request context", errUnauthorized)
+	if extra == nil || extra.TokenInfo == nil {
+		return gate.Identity{}, fmt.Errorf("%w: no identity from the edge", identity.ErrUnauthorized)
 	}
-	id, err := p.ids.Load().Identify(extra.Header.Get("Authorization"))
-	if err != nil {
-		return id, err
+	id, ok := extra.TokenInfo.Extra[identityExtraKey].(gate.Identity)
+	if !ok {
+		return gate.Identity{}, fmt.Errorf("%w: no identity from the edge", identity.ErrUnauthorized)
 	}
 	return withSession(id, sessionID(req)), nil
+}
+
+// identityExtraKey is where the SDK's TokenInfo carries the identity the
+// guard found for a request.
+const identityExtraKey = "io.toolgate/identity"
+
+// identityKey is the request context key of that identity.
+type identityKey struct{}
+
+// identityExtra is the TokenInfo.Extra of a request the guard identified.
+func identityExtra(r *http.Request) map[string]any {
+	if id, ok := r.Context().Value(identityKey{}).(gate.Identity); ok {
+		return map[string]any{identityExtraKey: id}
+	}
+	return nil
 }
 
 // withSession binds an anonymous identity to the MCP session sid (a
@@ -641,7 +510,7 @@ func (p *Proxy) toolRequest(id gate.Identity, name string, args json.RawMessage,
 			// Approved while held: the call runs, once, but only if its
 			// credential is still good (a key removed or a token revoked
 			// while it waited must not run it).
-			if _, err := p.ids.Load().Identify(authorization); err != nil {
+			if _, err := p.g.Credentials().Identify(authorization); err != nil {
 				return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
 			}
 			return nil

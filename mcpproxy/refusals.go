@@ -6,7 +6,6 @@ package mcpproxy
 // dropping any silently.
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -20,21 +19,7 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/audit"
-)
-
-// Reasons of failed authentication: the reason label of
-// toolgate_auth_failures_total and the code of gateway.auth.refused.
-const (
-	// AuthMissing: no credential, and Settings.anonymous is not set (or
-	// the route needs a credential).
-	AuthMissing = "missing_credential"
-	// AuthMalformed: an Authorization header that is not "Bearer <key>".
-	AuthMalformed = "malformed_authorization"
-	// AuthUnknownKey: an API key no Credential document has.
-	AuthUnknownKey = "unknown_api_key"
-	// AuthInvalidToken: a JWT or delegation token that does not verify
-	// (expired, wrong issuer or audience, bad signature, revoked, ...).
-	AuthInvalidToken = "invalid_token"
+	"github.com/toolgate/toolgate/identity"
 )
 
 // AuthFailuresTotal is the counter of failed authentications, by reason.
@@ -51,34 +36,6 @@ const RequestsRefusedTotal = "toolgate_requests_refused_total"
 // ("client" or "upstream").
 const MethodsRefusedTotal = "toolgate_mcp_methods_refused_total"
 
-// AuthError is a failed authentication: Reason is one of the Auth*
-// constants. It wraps errUnauthorized; its message never holds the
-// credential.
-type AuthError struct {
-	Reason string
-	msg    string
-	err    error
-}
-
-func (e *AuthError) Error() string { return e.msg }
-
-// Unwrap returns errUnauthorized and the verifier's error, if any.
-func (e *AuthError) Unwrap() []error { return []error{errUnauthorized, e.err} }
-
-func authError(reason string, err error, format string, args ...any) *AuthError {
-	return &AuthError{Reason: reason, msg: errUnauthorized.Error() + ": " + fmt.Sprintf(format, args...), err: err}
-}
-
-// AuthReason returns the reason of a failed authentication (an *AuthError
-// anywhere in err's chain), or AuthMissing when err says none.
-func AuthReason(err error) string {
-	var ae *AuthError
-	if errors.As(err, &ae) {
-		return ae.Reason
-	}
-	return AuthMissing
-}
-
 // RefusalWindow is how long the refusals of one kind, reason and source
 // address are summarized: the first is logged and audited at once, the
 // others of the window as one line and one event with their count and the
@@ -92,7 +49,7 @@ const maxRefusalKeys = 1024
 
 type refusalKey struct {
 	event  toolgate.EventType
-	reason string // AuthMissing..., or the refused method
+	reason string // identity.AuthMissing..., or the refused method
 	source string // the client's IP address, or "other"
 	via    string // "mcp", "http", or "upstream:<name>"
 }
@@ -127,7 +84,7 @@ func newRefusals(log *slog.Logger, record func(audit.Event)) *refusals {
 			Help: "Requests refused at the edge before anything was decided (origin, body, batch, session, caps), by HTTP status and reason."},
 			[]string{"status", "reason"}),
 	}
-	for _, reason := range []string{AuthMissing, AuthMalformed, AuthUnknownKey, AuthInvalidToken} {
+	for _, reason := range []string{identity.AuthMissing, identity.AuthMalformed, identity.AuthUnknownKey, identity.AuthInvalidToken} {
 		r.auth.WithLabelValues(reason)
 	}
 	r.method.WithLabelValues("client")
@@ -149,7 +106,7 @@ func sourceOf(r *http.Request) string {
 // authFailed records one failed authentication of request r, answered on
 // via ("mcp" or "http").
 func (rf *refusals) authFailed(r *http.Request, via string, err error) {
-	reason := AuthReason(err)
+	reason := identity.AuthReason(err)
 	rf.auth.WithLabelValues(reason).Inc()
 	rf.note(refusalKey{event: toolgate.EventAuthRefused, reason: reason, source: sourceOf(r), via: via})
 }
