@@ -236,7 +236,6 @@ func MissingCredential(msg string) error { return identity.MissingCredential(msg
 // Handler returns the HTTP handler to mount at /mcp.
 func (p *Proxy) Handler() http.Handler { return p.handler }
 
-
 // writeRPCError answers an HTTP request with a JSON-RPC error body.
 func writeRPCError(w http.ResponseWriter, status int, code int64, msg string) {
 	w.Header().Set("Content-Type", "application/json")
