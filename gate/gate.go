@@ -476,6 +476,39 @@ func (g *Gate) complete(ctx context.Context, req Request, out Outcome, res Resul
 	}
 }
 
+// Refusal is a request an enforcement point refused at its edge, before
+// anything was decided (a failed authentication, a method it does not
+// serve, a malformed or oversized request): what RecordRefusal records.
+type Refusal struct {
+	// Type is the event type (gateway.auth.refused, gateway.method.refused,
+	// gateway.request.refused).
+	Type toolgate.EventType
+	// Code is the refusal's stable code; Reason one sentence saying why.
+	Code, Reason string
+	// At is when it (the first of a summarized flood) happened.
+	At time.Time
+	// Details say more (source address, count, first, last); never a
+	// credential.
+	Details map[string]any
+}
+
+// RecordRefusal records a refusal at the edge as a deny event, queued like
+// a denial (durable when the store is healthy, never dropped silently).
+func (g *Gate) RecordRefusal(r Refusal) {
+	rec := g.opts.Recorder
+	if rec == nil {
+		return
+	}
+	ev := audit.Event{EventType: string(r.Type), OccurredAt: r.At, Verdict: toolgate.Deny.String(), Code: r.Code,
+		Reason: r.Reason, Details: r.Details}
+	if ev.OccurredAt.IsZero() {
+		ev.OccurredAt = g.now()
+	}
+	if d := rec.RecordOrQueue(context.Background(), ev); d == audit.Lost {
+		g.log.Error("audit record lost: the audit log is closed", "event", ev.EventType)
+	}
+}
+
 // RecordEvent queues an event that is not a call decision (bundle loaded or
 // rejected, definition changed, approval decided).
 func (g *Gate) RecordEvent(ev audit.Event) {

@@ -99,3 +99,27 @@ func (g *Gate) ReadAudit(ctx context.Context, id Identity, from int64, limit int
 	}
 	return audit.ReadEvents(ctx, g.opts.AuditLog, from, limit)
 }
+
+// The approval and audit types the gate's verbs take and give, for the
+// enforcement points (which need not import the stores' packages).
+type (
+	// Approval is a stored approval (approval.Approval).
+	Approval = approval.Approval
+	// ApprovalFilter selects approvals (approval.Filter).
+	ApprovalFilter = approval.Filter
+	// ApprovalStatus is where an approval is in its life (approval.Status).
+	ApprovalStatus = approval.Status
+	// AuditEvent is one audit event (audit.Event).
+	AuditEvent = audit.Event
+)
+
+// ApprovalPending is the status of an approval waiting for its decision.
+const ApprovalPending = approval.StatusPending
+
+// Errors of the approval verbs (approval's sentinels), for errors.Is.
+var (
+	ErrApprovalNotFound   = approval.ErrNotFound
+	ErrApprovalNotPending = approval.ErrNotPending
+	ErrApprovalExpired    = approval.ErrExpired
+	ErrApprovalInvalid    = approval.ErrInvalid
+)

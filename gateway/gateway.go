@@ -243,7 +243,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	gw.Gate.Install(snap, prep.Credentials)
 	gw.Proxy = mcpproxy.New(gw.Gate, ups, &mcpproxy.Options{Logger: log, Version: cfg.Version, Observer: gw.Metrics,
 		Registerer: gw.Metrics.Registry()})
-	gw.Proxy.SetBuiltins(snap, bt)
+	gw.Proxy.SetBuiltins(bt)
 	if ups != nil {
 		if err := ups.Start(ctx); err != nil {
 			log.Warn("some upstreams are down; they are restarted in the background", "err", err)
@@ -253,7 +253,7 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", gw.Proxy.Handler())
 	// The JSON API also serves /healthz, /readyz and /metrics.
-	mux.Handle("/", gw.Proxy.OriginGuard(httpapi.New(gw.Gate, &httpapi.Options{Metrics: gw.Metrics, Ready: gw.Ready, Logger: log,
+	mux.Handle("/", gw.Proxy.OriginGuard(httpapi.New(gw.Gate, &httpapi.Options{Metrics: gw.Metrics.Handler(), Ready: gw.Ready, Logger: log,
 		Refused:  func(r *http.Request, status int, code string) { gw.Proxy.RequestRefused(r, "http", status, code) },
 		Identify: gw.identifyHTTP})))
 	mux.Handle("/v1/delegations", gw.Proxy.OriginGuard(gw.delegationsHandler())) // identity.go
@@ -537,7 +537,7 @@ func (gw *Gateway) applyTools(name string, tools []*mcp.Tool, seq uint64) {
 	if u == nil {
 		return
 	}
-	accepted, problems := mcpproxy.Announced(u, tools)
+	accepted, problems := mcptool.Announced(u, tools)
 	accepted, conflicts := authz.CheckAnnounced(gw.bundle, accepted)
 	problems = append(problems, conflicts...)
 	seen := map[string]bool{}
@@ -571,7 +571,7 @@ func (gw *Gateway) applyTools(name string, tools []*mcp.Tool, seq uint64) {
 		gw.log.Error("recompile after upstream change failed; the previous snapshot stays", "upstream", name, "err", err)
 	}
 	if gw.Proxy != nil {
-		gw.Proxy.SetTools(u, tools, accepted)
+		gw.Proxy.SetTools(u.Name, u.Prefix(), tools, accepted)
 	}
 	gw.reportMissingLocked(name)
 }
@@ -685,7 +685,7 @@ func (gw *Gateway) Reload() error {
 		return err
 	}
 	gw.bundle = b
-	gw.Proxy.SetBuiltins(gw.Gate.Snapshot(), gw.Builtins)
+	gw.Proxy.SetBuiltins(gw.Builtins)
 	if gw.Ups != nil {
 		gw.Ups.SetMaxResultBytes(adapter.ReadLimit(resultCap(b)))
 	}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/toolgate/toolgate"
-	"github.com/toolgate/toolgate/approval"
 	"github.com/toolgate/toolgate/gate"
 )
 
@@ -67,9 +66,9 @@ type ErrorDetail struct {
 //   - gate.ErrSelfApproval: 403 self_approval; gate.ErrNotApprover: 403 not_approver;
 //     gate.ErrNotAuditor: 403 not_auditor; gate.ErrNoApprovals: 501
 //     no_approval_store; gate.ErrNoAuditLog: 501 no_audit_store.
-//   - approval.ErrNotFound: 404 not_found; approval.ErrNotPending: 409
-//     approval_not_pending; approval.ErrExpired: 409 approval_expired;
-//     approval.ErrInvalid: 400 bad_request.
+//   - gate.ErrApprovalNotFound: 404 not_found; gate.ErrApprovalNotPending: 409
+//     approval_not_pending; gate.ErrApprovalExpired: 409 approval_expired;
+//     gate.ErrApprovalInvalid: 400 bad_request.
 //   - gate.ErrAuditUnavailable: 503 audit_unavailable.
 //   - *toolgate.Error: 403 with its code (500 for internal_error).
 //   - context.Canceled / DeadlineExceeded: 503 canceled.
@@ -99,13 +98,13 @@ func Classify(err error) *Error {
 		return &Error{Status: http.StatusNotImplemented, Code: "no_approval_store", Message: err.Error(), Err: err}
 	case errors.Is(err, gate.ErrNoAuditLog):
 		return &Error{Status: http.StatusNotImplemented, Code: "no_audit_store", Message: err.Error(), Err: err}
-	case errors.Is(err, approval.ErrNotFound):
+	case errors.Is(err, gate.ErrApprovalNotFound):
 		return &Error{Status: http.StatusNotFound, Code: "not_found", Message: err.Error(), Err: err}
-	case errors.Is(err, approval.ErrNotPending):
+	case errors.Is(err, gate.ErrApprovalNotPending):
 		return &Error{Status: http.StatusConflict, Code: "approval_not_pending", Message: err.Error(), Err: err}
-	case errors.Is(err, approval.ErrExpired):
+	case errors.Is(err, gate.ErrApprovalExpired):
 		return &Error{Status: http.StatusConflict, Code: "approval_expired", Message: err.Error(), Err: err}
-	case errors.Is(err, approval.ErrInvalid):
+	case errors.Is(err, gate.ErrApprovalInvalid):
 		return &Error{Status: http.StatusBadRequest, Code: "bad_request", Message: err.Error(), Err: err}
 	case errors.Is(err, gate.ErrAuditUnavailable):
 		return &Error{Status: http.StatusServiceUnavailable, Code: "audit_unavailable", Message: err.Error(), Err: err}

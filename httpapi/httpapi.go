@@ -17,8 +17,8 @@
 //	POST /v1/tools/call                ToolsCallRequest → ToolsCallResponse: decide, run, answer (200
 //	                                   success; 403, 202, 503 as decide; 502 tool failed, 504 timed out)
 //	GET  /v1/approvals?status=pending  ApprovalList (status: a status, a comma list, or all)
-//	POST /v1/approvals/{id}/approve    ApprovalDecisionRequest → approval.Approval
-//	POST /v1/approvals/{id}/deny       ApprovalDecisionRequest → approval.Approval
+//	POST /v1/approvals/{id}/approve    ApprovalDecisionRequest → gate.Approval
+//	POST /v1/approvals/{id}/deny       ApprovalDecisionRequest → gate.Approval
 //	GET  /v1/audit?from=SEQ&limit=N    AuditPage
 //
 // Every error is answered by WriteError as {"error":{"code","message"}}.
@@ -42,10 +42,7 @@ import (
 	"time"
 
 	"github.com/toolgate/toolgate"
-	"github.com/toolgate/toolgate/approval"
-	"github.com/toolgate/toolgate/audit"
 	"github.com/toolgate/toolgate/gate"
-	"github.com/toolgate/toolgate/metrics"
 )
 
 // Via is the enforcement point name this API gives the gate, the audit log
@@ -66,7 +63,7 @@ const (
 type Options struct {
 	// Metrics, when set, is served on /metrics (the gate counts the
 	// decisions: gate.Options.Observer).
-	Metrics *metrics.Metrics
+	Metrics http.Handler
 	// Ready reports why the gateway should not take traffic (for example
 	// the audit store failing); /readyz answers 503 with its error. The
 	// gate's audit recorder's error is checked too, after Ready.
@@ -162,7 +159,7 @@ type ExecutionContext struct {
 
 // ApprovalList is the answer of GET /v1/approvals, oldest first.
 type ApprovalList struct {
-	Approvals []approval.Approval `json:"approvals"`
+	Approvals []gate.Approval `json:"approvals"`
 }
 
 // ApprovalDecisionRequest is the body of approve and deny (an empty body
@@ -175,7 +172,7 @@ type ApprovalDecisionRequest struct {
 // order, and the from of the next page (the last seq + 1, or from when
 // there were none), for paging and polling.
 type AuditPage struct {
-	Events   []audit.Event `json:"events"`
+	Events   []gate.AuditEvent `json:"events"`
 	NextFrom int64         `json:"next_from"`
 }
 
@@ -205,7 +202,7 @@ func New(g *gate.Gate, opts *Options) http.Handler {
 	route("/healthz", http.MethodGet, false, s.healthz)
 	route("/readyz", http.MethodGet, false, s.readyz)
 	if s.o.Metrics != nil {
-		mh := s.o.Metrics.Handler()
+		mh := s.o.Metrics
 		route("/metrics", http.MethodGet, false, func(w http.ResponseWriter, r *http.Request) error {
 			mh.ServeHTTP(w, r)
 			return nil
@@ -462,14 +459,14 @@ func limitParam(r *http.Request, name string, def int) (int, error) {
 }
 
 func (s *server) listApprovals(w http.ResponseWriter, r *http.Request) error {
-	f := approval.Filter{}
+	f := gate.ApprovalFilter{}
 	switch q := r.URL.Query().Get("status"); q {
-	case "", string(approval.StatusPending):
-		f.Status = []approval.Status{approval.StatusPending}
+	case "", string(gate.ApprovalPending):
+		f.Status = []gate.ApprovalStatus{gate.ApprovalPending}
 	case "all":
 	default:
 		for _, p := range strings.Split(q, ",") {
-			stt := approval.Status(strings.TrimSpace(p))
+			stt := gate.ApprovalStatus(strings.TrimSpace(p))
 			if !stt.Valid() {
 				return apiError(http.StatusBadRequest, "bad_request",
 					"status=%q: want all, or one or more (comma-separated) of pending, approved, denied, expired, used", q)

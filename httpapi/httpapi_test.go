@@ -96,7 +96,7 @@ func newEnvFor(t *testing.T, snap *authz.Snapshot, edit func(*httpapi.Options)) 
 	e.store = st
 	e.rec = audit.NewRecorder(st, &audit.RecorderOptions{Sinks: []audit.Sink{e.metrics.AuditSink()}})
 	e.g = gate.New(e.snap, &gate.Options{Recorder: e.rec, Approvals: st, AuditLog: st, Observer: e.metrics})
-	opts := &httpapi.Options{Metrics: e.metrics}
+	opts := &httpapi.Options{Metrics: e.metrics.Handler()}
 	if edit != nil {
 		edit(opts)
 	}

@@ -75,7 +75,7 @@ func newCallEnv(t *testing.T) *env {
 	e.rec = audit.NewRecorder(st, nil)
 	e.g = gate.New(snap, &gate.Options{Recorder: e.rec, Approvals: st, AuditLog: st, Observer: e.metrics,
 		Executor: &gate.Executor{Builtins: reg, BaseDir: dir}})
-	e.srv = httptest.NewServer(httpapi.New(e.g, &httpapi.Options{Metrics: e.metrics,
+	e.srv = httptest.NewServer(httpapi.New(e.g, &httpapi.Options{Metrics: e.metrics.Handler(),
 		Identify: func(r *http.Request) (gate.Identity, error) {
 			if r.Header.Get("Authorization") != "Bearer analyst" {
 				return gate.Identity{}, errors.New("unknown token")

@@ -139,7 +139,7 @@ func serveProxyEnv(t *testing.T, bundleYAML string, env proxyEnv) (string, *Prox
 		mu.Lock()
 		defer mu.Unlock()
 		i := slices.IndexFunc(b.Upstreams, func(u *policy.Upstream) bool { return u.Name == name })
-		accepted, _ := Announced(b.Upstreams[i], tools)
+		accepted, _ := mcptool.Announced(b.Upstreams[i], tools)
 		announced[name] = accepted
 		var all []authz.AnnouncedTool
 		for _, u := range b.Upstreams {
@@ -151,7 +151,7 @@ func serveProxyEnv(t *testing.T, bundleYAML string, env proxyEnv) (string, *Prox
 			return
 		}
 		g.Swap(snap)
-		p.SetTools(b.Upstreams[i], tools, accepted)
+		p.SetTools(b.Upstreams[i].Name, b.Upstreams[i].Prefix(), tools, accepted)
 	}}
 	RelayUpstream(o, func() *Proxy { return p })
 	ups, err := upstream.New(cfgs, o)

@@ -36,7 +36,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 
-	"github.com/toolgate/toolgate/authz"
 )
 
 // DefaultPageSize is the default of Options.PageSize: the SDK's own.
@@ -48,7 +47,7 @@ type lister struct {
 	aead cipher.AEAD
 
 	mu   sync.Mutex
-	snap *authz.Snapshot // the snapshot gen last saw
+	snap any // the snapshot gen last saw
 	gen  uint64
 }
 
@@ -71,7 +70,7 @@ func newLister(size int) *lister {
 
 // generation returns the catalog generation for the snapshot in force
 // (a new snapshot starts a new generation).
-func (l *lister) generation(snap *authz.Snapshot) uint64 {
+func (l *lister) generation(snap any) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if snap != l.snap {

@@ -24,7 +24,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,10 +35,8 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/adapter/mcptool"
-	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/identity"
-	"github.com/toolgate/toolgate/policy"
 	"github.com/toolgate/toolgate/toolid"
 	"github.com/toolgate/toolgate/upstream"
 )
@@ -157,7 +154,7 @@ func New(g *gate.Gate, ups *upstream.Manager, opts *Options) *Proxy {
 	p.relay = newRelay(p)
 	p.fast = newFastState()
 	p.lists = newLister(p.opts.PageSize)
-	p.refused = newRefusals(p.log, p.g.RecordEvent)
+	p.refused = newRefusals(p.log, p.g.RecordRefusal)
 	if p.opts.Registerer != nil {
 		p.opts.Registerer.MustRegister(p.refused.auth, p.refused.method, p.refused.request)
 	}
@@ -587,77 +584,19 @@ func refusal(d toolgate.Decision, approvalID, msg string, typed bool) *mcp.CallT
 // never from a client posing as it.
 func withoutOwnMeta(meta mcp.Meta) mcp.Meta { return mcptool.WithoutOwnMeta(meta) }
 
-// Announced maps an upstream's tool list to catalog entries: each name is
-// mapped to tool:<upstream>-<mapped name>; names that cannot be mapped, and
-// names that map to the same id, are refused and reported, never merged.
-func Announced(u *policy.Upstream, tools []*mcp.Tool) (ok []authz.AnnouncedTool, problems []string) {
-	byID := map[string][]string{}
-	for _, t := range tools {
-		mapped, err := toolid.Map(t.Name)
-		if err != nil || strings.HasPrefix(t.Name, toolid.Prefix) {
-			problems = append(problems, fmt.Sprintf("upstream %s announced tool %q, whose name cannot be mapped to a tool id (%v); it is refused", u.Name, t.Name, err))
-			continue
-		}
-		id := toolid.Prefix + u.Name + "-" + strings.TrimPrefix(mapped, toolid.Prefix)
-		if !toolid.Valid(id) {
-			problems = append(problems, fmt.Sprintf("upstream %s announced tool %q, which maps to an invalid id %q; it is refused", u.Name, t.Name, id))
-			continue
-		}
-		byID[id] = append(byID[id], t.Name)
-	}
-	for _, t := range tools {
-		mapped, err := toolid.Map(t.Name)
-		if err != nil || strings.HasPrefix(t.Name, toolid.Prefix) {
-			continue
-		}
-		id := toolid.Prefix + u.Name + "-" + strings.TrimPrefix(mapped, toolid.Prefix)
-		names := byID[id]
-		if len(names) > 1 {
-			if names[0] == t.Name {
-				problems = append(problems, fmt.Sprintf("upstream %s announced %q, which all map to %s; they are refused, not merged", u.Name, names, id))
-			}
-			continue
-		}
-		if !toolid.Valid(id) {
-			continue
-		}
-		ok = append(ok, authz.AnnouncedTool{ID: id, Name: u.Prefix() + t.Name, MCPServer: u.Name,
-			SideEffectClass: classFromAnnotations(t.Annotations), Description: t.Description})
-	}
-	return ok, problems
-}
-
-// classFromAnnotations is the class an upstream's annotations claim:
-// destructiveHint → irreversible (also with readOnlyHint: contradictory
-// claims read as the worse one), readOnlyHint → read, otherwise write
-// (unknown means careful). A claim only ever raises a tool's class: the
-// catalog (authz.Compile) never lets it lower the class the bundle gives,
-// and without a Tool document an announced tool is at least write.
-func classFromAnnotations(a *mcp.ToolAnnotations) toolgate.SideEffectClass {
-	switch {
-	case a == nil:
-		return toolgate.SideEffectWrite
-	case a.DestructiveHint != nil && *a.DestructiveHint:
-		return toolgate.SideEffectIrreversible
-	case a.ReadOnlyHint:
-		return toolgate.SideEffectRead
-	}
-	return toolgate.SideEffectWrite
-}
-
 // SetTools mirrors an upstream's announced tools into the gateway's MCP
 // server (sending tools/list_changed to connected clients) under the names
 // the model sees. tools are the upstream's own definitions; accepted are
 // those Announced accepted.
-func (p *Proxy) SetTools(u *policy.Upstream, tools []*mcp.Tool, accepted []authz.AnnouncedTool) {
-	keep := map[string]authz.AnnouncedTool{}
+func (p *Proxy) SetTools(upstreamName, prefix string, tools []*mcp.Tool, accepted []mcptool.AnnouncedTool) {
+	keep := map[string]mcptool.AnnouncedTool{}
 	for _, a := range accepted {
 		keep[a.Name] = a
 	}
 	p.mu.Lock()
 	var remove []string
 	for name, m := range p.mirrors {
-		if m.upstream == u.Name {
+		if m.upstream == upstreamName {
 			if _, still := keep[name]; !still {
 				remove = append(remove, name)
 				delete(p.mirrors, name)
@@ -669,7 +608,7 @@ func (p *Proxy) SetTools(u *policy.Upstream, tools []*mcp.Tool, accepted []authz
 		p.server.RemoveTools(remove...)
 	}
 	for _, t := range tools {
-		name := u.Prefix() + t.Name
+		name := prefix + t.Name
 		a, ok := keep[name]
 		if !ok {
 			continue
@@ -680,16 +619,16 @@ func (p *Proxy) SetTools(u *policy.Upstream, tools []*mcp.Tool, accepted []authz
 			mt.InputSchema = map[string]any{"type": "object"}
 		}
 		if err := p.addTool(mt); err != nil {
-			p.log.Warn("upstream tool refused", "upstream", u.Name, "tool", t.Name, "err", err)
+			p.log.Warn("upstream tool refused", "upstream", upstreamName, "tool", t.Name, "err", err)
 			continue
 		}
 		p.mu.Lock()
-		p.mirrors[name] = mirror{def: mt, upstream: u.Name, name: t.Name, id: a.ID, typed: t.OutputSchema != nil}
+		p.mirrors[name] = mirror{def: mt, upstream: upstreamName, name: t.Name, id: a.ID, typed: t.OutputSchema != nil}
 		p.mu.Unlock()
 	}
 	p.lists.changed()
 	// Refresh the upstream's mirrored resources and prompts (passthrough.go).
-	p.relay.upstreamChanged(u.Name, u.Prefix())
+	p.relay.upstreamChanged(upstreamName, prefix)
 }
 
 // addTool registers a tool, turning the SDK's panic on a bad schema into
@@ -715,10 +654,10 @@ func (p *Proxy) addTool(t *mcp.Tool) (err error) {
 // through gate.Call: inspected, decided, run and recorded. Call it after
 // each compilation; built-in tools that left the catalog are removed. A
 // name an upstream tool already uses is refused and logged.
-func (p *Proxy) SetBuiltins(snap *authz.Snapshot, tools gate.Builtins) {
+func (p *Proxy) SetBuiltins(tools gate.Builtins) {
 	want := map[string]mirror{}
 	defs := map[string]*mcp.Tool{}
-	for _, t := range snap.Tools() {
+	for _, t := range p.g.Snapshot().Tools() {
 		if t.Builtin == "" || tools == nil {
 			continue
 		}

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/toolgate/toolgate"
-	"github.com/toolgate/toolgate/audit"
+	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/identity"
 )
 
@@ -63,7 +63,7 @@ type refusalWindow struct {
 // refusals is the rate-limited recorder of one Proxy.
 type refusals struct {
 	log     *slog.Logger
-	record  func(audit.Event) // nil: no audit log
+	record  func(gate.Refusal) // nil: no audit log
 	auth    *prometheus.CounterVec
 	method  *prometheus.CounterVec
 	request *prometheus.CounterVec
@@ -72,7 +72,7 @@ type refusals struct {
 	open map[refusalKey]*refusalWindow
 }
 
-func newRefusals(log *slog.Logger, record func(audit.Event)) *refusals {
+func newRefusals(log *slog.Logger, record func(gate.Refusal)) *refusals {
 	r := &refusals{log: log, record: record, open: map[refusalKey]*refusalWindow{},
 		auth: prometheus.NewCounterVec(prometheus.CounterOpts{Name: AuthFailuresTotal,
 			Help: "Failed authentications on /mcp and the JSON API, by reason (missing_credential, malformed_authorization, unknown_api_key, invalid_token)."},
@@ -225,7 +225,7 @@ func (rf *refusals) emit(k refusalKey, n int, first, last time.Time) {
 	if k.event == toolgate.EventRequestRefused {
 		code = "request_refused"
 	}
-	rf.record(audit.Event{EventType: string(k.event), OccurredAt: first, Verdict: toolgate.Deny.String(), Code: code,
+	rf.record(gate.Refusal{Type: k.event, At: first, Code: code,
 		Reason: msg, Details: map[string]any{"reason": k.reason, "source": k.source, "via": k.via, "count": n,
 			"first": first.UTC().Format(time.RFC3339Nano), "last": last.UTC().Format(time.RFC3339Nano)}})
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/toolgate/toolgate/authz"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/gateway"
-	"github.com/toolgate/toolgate/mcpproxy"
 	"github.com/toolgate/toolgate/policy"
 	"github.com/toolgate/toolgate/toolid"
 	"github.com/toolgate/toolgate/upstream"
@@ -93,7 +92,7 @@ func runCall(ctx context.Context, args []string, io IO) int {
 		var announced []authz.AnnouncedTool
 		for _, u := range b.Upstreams {
 			if tools, ok := mgr.Tools(u.Name); ok {
-				acc, _ := mcpproxy.Announced(u, tools)
+				acc, _ := mcptool.Announced(u, tools)
 				announced = append(announced, acc...)
 			}
 		}
