@@ -106,6 +106,8 @@ type proxyEnv struct {
 	rec         *audit.Recorder
 	approvals   approval.Store
 	opts        *Options
+	// observer measures the executor's upstream calls (nil: none).
+	observer mcptool.Observer
 }
 
 // serveProxyEnv is serveProxyR with everything env says.
@@ -158,7 +160,7 @@ func serveProxyEnv(t *testing.T, bundleYAML string, env proxyEnv) (string, *Prox
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex.Upstreams = &mcptool.Executor{Upstreams: ups}
+	ex.Upstreams = &mcptool.Executor{Upstreams: ups, Observer: env.observer}
 	g.Install(g.Snapshot(), identity.NewTable(b, nil))
 	p = New(g, ups, env.opts)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
