@@ -22,8 +22,13 @@ const maxDepth = 1000
 // has 24), so a longer literal cannot be one ParseArgs accepts.
 const maxNumberLen = 40
 
-// ErrInvalidArgs is wrapped by every error of ParseArgs and CanonicalJSON.
+// ErrInvalidArgs is wrapped by every error of ParseArgs.
 var ErrInvalidArgs = errors.New("invalid arguments")
+
+// ErrInvalidJSON is wrapped by every error of CanonicalJSON and CheckKeys:
+// JSON that is not well formed, or that two parsers could read
+// differently.
+var ErrInvalidJSON = errors.New("invalid JSON")
 
 // Args are a call's arguments, parsed once at the edge: every enforcement
 // point (MCP, the JSON API, the CLI, the Go library) uses ParseArgs, so
@@ -64,7 +69,7 @@ func ParseArgs(raw []byte) (Args, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return emptyArgs(), nil
 	}
-	v, err := parseJSON(raw)
+	v, err := parseJSON(raw, ErrInvalidArgs, true)
 	if err != nil {
 		return Args{}, err
 	}
@@ -105,7 +110,7 @@ func CanonicalJSON(raw []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return []byte("{}"), nil
 	}
-	v, err := parseJSON(raw)
+	v, err := parseJSON(raw, ErrInvalidJSON, true)
 	if err != nil {
 		return nil, err
 	}
@@ -247,16 +252,30 @@ func writeString(buf *bytes.Buffer, s string) {
 	buf.WriteByte('"')
 }
 
+// CheckKeys checks that raw is exactly one well-formed JSON value in which
+// no object has two keys that are equal or differ only by case (at any
+// depth), the readings two JSON parsers can disagree on for a value both
+// accept; unlike CanonicalJSON it does not judge numbers (a result may
+// carry any). The error wraps ErrInvalidJSON.
+func CheckKeys(raw []byte) error {
+	_, err := parseJSON(raw, ErrInvalidJSON, false)
+	return err
+}
+
 type parser struct {
+	// base is the error every error of this parse wraps; numbers says
+	// whether numbers must be held exactly by a float64.
+	base    error
+	numbers bool
 	in  []byte
 	pos int
 }
 
-func parseJSON(in []byte) (value, error) {
+func parseJSON(in []byte, base error, numbers bool) (value, error) {
 	if !utf8.Valid(in) {
-		return value{}, fmt.Errorf("%w: not valid UTF-8", ErrInvalidArgs)
+		return value{}, fmt.Errorf("%w: not valid UTF-8", base)
 	}
-	p := &parser{in: in}
+	p := &parser{in: in, base: base, numbers: numbers}
 	p.skipSpace()
 	v, err := p.value(0)
 	if err != nil {
@@ -270,7 +289,7 @@ func parseJSON(in []byte) (value, error) {
 }
 
 func (p *parser) errorf(format string, args ...any) error {
-	return fmt.Errorf("%w: offset %d: %s", ErrInvalidArgs, p.pos, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: offset %d: %s", p.base, p.pos, fmt.Sprintf(format, args...))
 }
 
 func (p *parser) skipSpace() {
@@ -360,7 +379,7 @@ func (p *parser) number() (value, error) {
 		}
 	}
 	lit := p.in[start:p.pos]
-	if !exactNumber(lit) {
+	if p.numbers && !exactNumber(lit) {
 		p.pos = start
 		return value{}, p.errorf("the number %.40s is not held exactly by a float64 (a decimal parser would read another value than the decision); send it as the shortest decimal of a float64, or as a string", lit)
 	}
@@ -515,7 +534,7 @@ func (p *parser) escape(sb *strings.Builder) error {
 // caseCollision refuses two keys that differ only by case (Unicode simple
 // folding: the closure strings.EqualFold and encoding/json's field
 // matching both stay within).
-func caseCollision(ms []member) error {
+func caseCollision(ms []member, base error) error {
 	if len(ms) < 2 {
 		return nil
 	}
@@ -523,7 +542,7 @@ func caseCollision(ms []member) error {
 	for _, m := range ms {
 		k := foldKey(m.key)
 		if other, dup := seen[k]; dup {
-			return fmt.Errorf("%w: the keys %q and %q differ only by case (a tool that matches keys case-insensitively could read the one that was not decided on); send one of them", ErrInvalidArgs, other, m.key)
+			return fmt.Errorf("%w: the keys %q and %q differ only by case (a reader that matches keys case-insensitively could read the one that was not decided on); send one of them", base, other, m.key)
 		}
 		seen[k] = m.key
 	}
@@ -650,10 +669,10 @@ func (p *parser) object(depth int) (value, error) {
 			slices.SortFunc(v.members, func(a, b member) int { return strings.Compare(a.key, b.key) })
 			for i := 1; i < len(v.members); i++ {
 				if v.members[i].key == v.members[i-1].key {
-					return value{}, fmt.Errorf("%w: duplicate object key %q", ErrInvalidArgs, v.members[i].key)
+					return value{}, fmt.Errorf("%w: duplicate object key %q", p.base, v.members[i].key)
 				}
 			}
-			if err := caseCollision(v.members); err != nil {
+			if err := caseCollision(v.members, p.base); err != nil {
 				return value{}, err
 			}
 			return v, nil

@@ -108,8 +108,8 @@ func TestCanonicalJSONRejects(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := CanonicalJSON([]byte(tt.in))
-			if !errors.Is(err, ErrInvalidArgs) {
-				t.Errorf("CanonicalJSON(%q) = %q, %v; want ErrInvalidArgs", tt.in, got, err)
+			if !errors.Is(err, ErrInvalidJSON) {
+				t.Errorf("CanonicalJSON(%q) = %q, %v; want ErrInvalidJSON", tt.in, got, err)
 			}
 			if _, err := ParseArgs([]byte(tt.in)); err == nil {
 				t.Errorf("ParseArgs(%q) succeeded", tt.in)
@@ -240,8 +240,8 @@ func FuzzCanonicalJSON(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		c, err := CanonicalJSON(in)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidArgs) {
-				t.Fatalf("error %v does not wrap ErrInvalidArgs", err)
+			if !errors.Is(err, ErrInvalidJSON) {
+				t.Fatalf("error %v does not wrap ErrInvalidJSON", err)
 			}
 			return
 		}
@@ -268,7 +268,7 @@ func FuzzCanonicalJSON(f *testing.F) {
 			}
 		}
 		// Written as differently as JSON allows, it gives one digest.
-		v, err := parseJSON(c)
+		v, err := parseJSON(c, ErrInvalidJSON, true)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -398,4 +398,17 @@ func FuzzParseArgs(f *testing.F) {
 		}
 		walk(n)
 	})
+}
+
+func TestCheckKeys(t *testing.T) {
+	for _, in := range []string{`{"a":1}`, `{"n":9007199254740993,"x":[{"k":1e400}]}`, `[1,"x",null]`, `{"isError":false,"content":[]}`} {
+		if err := CheckKeys([]byte(in)); err != nil {
+			t.Errorf("CheckKeys(%s): %v; want nil (numbers are not judged)", in, err)
+		}
+	}
+	for _, in := range []string{`{"isError":false,"isError":true}`, `{"isError":false,"IsError":true}`, `{"a":[{"k":1,"K":2}]}`, `{"a":1} {}`, `{`, "\"\xff\""} {
+		if err := CheckKeys([]byte(in)); !errors.Is(err, ErrInvalidJSON) {
+			t.Errorf("CheckKeys(%s): %v; want ErrInvalidJSON", in, err)
+		}
+	}
 }

@@ -285,6 +285,11 @@ func TestCallForwardRaw(t *testing.T) {
 	}{
 		{"text", `{"content":[{"type":"text","text":"hi"}]}`, true, false, ""},
 		{"tool error", `{"content":[{"type":"text","text":"no"}],"isError":true}`, true, true, ""},
+		// Keys two readers could read differently: decoded (last wins, as
+		// the audit log reads it) and re-encoded, never passed as sent.
+		{"duplicate isError", `{"content":[{"type":"text","text":"x"}],"isError":false,"isError":true}`, false, true, ""},
+		{"case-variant isError", `{"content":[{"type":"text","text":"x"}],"isError":false,"IsError":true}`, false, false, ""},
+		{"duplicate text", `{"content":[{"type":"text","text":"a","text":"b"}]}`, false, false, "b"},
 		{"structured and image", `{"content":[{"type":"image","data":"aGk=","mimeType":"image/png"}],"structuredContent":{"a":1},"_meta":{"k":"v"}}`, true, false, ""},
 		{"text that is not a string", `{"content":[{"type":"text","text":{"not":"a string"}}]}`, false, true, "malformed result"},
 		{"unknown member", `{"content":[{"type":"text","text":"hi"}],"extra":"x"}`, false, false, "hi"},

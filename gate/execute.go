@@ -212,6 +212,12 @@ func passThrough(raw json.RawMessage, maxBytes int) (isError, ok bool) {
 	if len(raw) > maxBytes {
 		return false, false
 	}
+	if toolgate.CheckKeys(raw) != nil {
+		// Duplicate or case-variant keys: a first-wins client and the
+		// gateway (last wins) would read different results. Decoded and
+		// re-encoded: the client gets what the audit log records.
+		return false, false
+	}
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &top); err != nil {
 		return false, false

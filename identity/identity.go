@@ -41,6 +41,7 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 
+	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/policy"
 )
@@ -273,6 +274,12 @@ func (a *Authenticator) verify(token string, now time.Time) (gate.Identity, time
 	}
 	if len(jws.Signatures) != 1 {
 		return gate.Identity{}, time.Time{}, errors.New("want exactly one signature")
+	}
+	// Claims two JSON readers could read differently (a duplicate "sub",
+	// "iss" next to "ISS") are refused: the claims checked are the claims
+	// mapped.
+	if err := toolgate.CheckKeys(jws.UnsafePayloadWithoutVerification()); err != nil {
+		return gate.Identity{}, time.Time{}, fmt.Errorf("the claims are refused: %v", err)
 	}
 	h := jws.Signatures[0].Header
 	if typ, _ := h.ExtraHeaders[jose.HeaderType].(string); typ == DelegationType {

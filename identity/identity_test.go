@@ -1,6 +1,7 @@
 package identity_test
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"strings"
@@ -53,6 +54,11 @@ func TestVerifyJWT(t *testing.T) {
 		{"wrong audience", sign(t, jose.RS256, p.rsa, "rsa-1", claims(map[string]any{"aud": "someone-else"}), nil), gate.Identity{}, "aud"},
 		{"bad signature", sign(t, jose.RS256, p.other, "rsa-1", claims(nil), nil), gate.Identity{}, "bad signature"},
 		{"tampered payload", tamper(t, good, claims(map[string]any{"sub": "owner"})), gate.Identity{}, "bad signature"},
+		// Claims two JSON readers could read differently are refused,
+		// signed or not.
+		{"duplicate sub", sign(t, jose.RS256, p.rsa, "rsa-1", withExtraKey(claims(nil), `"sub":"owner"`), nil), gate.Identity{}, "duplicate object key"},
+		{"iss and ISS", sign(t, jose.RS256, p.rsa, "rsa-1", withExtraKey(claims(nil), `"ISS":"https://evil.test/"`), nil), gate.Identity{}, "differ only by case"},
+		{"sub and Sub", sign(t, jose.RS256, p.rsa, "rsa-1", withExtraKey(claims(nil), `"Sub":"owner"`), nil), gate.Identity{}, "differ only by case"},
 		{"unknown kid", sign(t, jose.RS256, p.rsa, "rsa-9", claims(nil), nil), gate.Identity{}, "unknown key id"},
 		{"alg none", unsigned(claims(nil)), gate.Identity{}, "alg not allowed"},
 		{"HS256 with the public key as secret", hmacWithPublicKey(t, p.rsa.Public(), claims(nil)), gate.Identity{}, "alg not allowed"},
@@ -343,3 +349,10 @@ func TestNewRefusesOpenIssuer(t *testing.T) {
 
 // rolesIssuer is the test issuer whose tokens must name their roles.
 const rolesIssuer = "https://idp-roles.test/"
+
+// withExtraKey is the JSON of claims with one more member added as written
+// (a key the map cannot hold twice).
+func withExtraKey(claims map[string]any, member string) json.RawMessage {
+	b, _ := json.Marshal(claims)
+	return json.RawMessage(append(append([]byte(`{`+member+`,`), b[1:]...)))
+}
