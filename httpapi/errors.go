@@ -182,6 +182,9 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any, emptyOK bool) err
 		}
 		return decodeError(err)
 	}
+	if err := strictTopLevel(raw); err != nil {
+		return apiError(http.StatusBadRequest, "malformed_json", "%v", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -196,6 +199,40 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, v any, emptyOK bool) err
 			return decodeError(err)
 		}
 		return apiError(http.StatusBadRequest, "malformed_json", "the request body holds more than one JSON value; send exactly one object")
+	}
+	return nil
+}
+
+// strictTopLevel refuses a body object with two members of one name, or of
+// names that differ only by case: encoding/json would fold them into one
+// field (the last wins), so "tool" next to "Tool" would be decided as
+// whichever came last. The members' values (a call's arguments) are judged
+// by their own readers (toolgate.ParseArgs).
+func strictTopLevel(raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	tok, err := dec.Token()
+	if err != nil || tok != json.Delim('{') {
+		return nil // not an object: Decode says why
+	}
+	seen := map[string]string{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		key, _ := tok.(string)
+		fold := strings.ToLower(key)
+		if prev, dup := seen[fold]; dup {
+			if prev == key {
+				return fmt.Errorf("the body names %q twice; send each member once", key)
+			}
+			return fmt.Errorf("the body's members %q and %q differ only by case; send one of them", prev, key)
+		}
+		seen[fold] = key
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
 	}
 	return nil
 }

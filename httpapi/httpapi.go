@@ -107,6 +107,9 @@ type DecideRequest struct {
 	Tool string `json:"tool"`
 	// Args are the call's arguments, a JSON object (absent or null: {}).
 	Args json.RawMessage `json:"args"`
+	// Arguments is Args under the name /v1/tools/call uses; send one of
+	// the two (both is a 400).
+	Arguments json.RawMessage `json:"arguments"`
 	// Resources are what the call touches, when the caller can tell.
 	Resources []toolgate.Resource `json:"resources"`
 	// CorrelationID ties the call's events together; generated when empty.
@@ -418,7 +421,14 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The decision and its record complete even if the client goes away,
 	// so the audit log says what was decided, not that recording failed.
-	out := s.g.Handle(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: req.Args,
+	args := req.Args
+	if len(req.Arguments) > 0 {
+		if len(args) > 0 {
+			return apiError(http.StatusBadRequest, "bad_request", "send the call's arguments once, as args or as arguments")
+		}
+		args = req.Arguments
+	}
+	out := s.g.Handle(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: args,
 		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via, DecideOnly: true})
 	d := shown(out, req.Tool)
 	resp := DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,

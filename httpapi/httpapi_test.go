@@ -399,6 +399,12 @@ func TestRequestErrors(t *testing.T) {
 		{"two values", "POST", "/v1/decide", "", `{"agent_id":"a","tool":"t"} {}`, 400, "malformed_json", "more than one JSON value"},
 		{"trailing garbage", "POST", "/v1/decide", "", `{"agent_id":"a","tool":"t"} x`, 400, "malformed_json", "malformed JSON"},
 		{"empty body", "POST", "/v1/decide", "", ``, 400, "malformed_json", "empty"},
+		// Members encoding/json would fold into one field are refused.
+		{"a member twice", "POST", "/v1/decide", "", `{"agent_id":"a","tool":"t","tool":"u"}`, 400, "malformed_json", `names "tool" twice`},
+		{"members differing by case", "POST", "/v1/decide", "", `{"agent_id":"a","tool":"t","Tool":"u"}`, 400, "malformed_json", "differ only by case"},
+		{"arguments differing by case", "POST", "/v1/tools/call", "", `{"agent_id":"a","tool":"t","arguments":{"a":1},"Arguments":{"a":2}}`, 400, "malformed_json", "differ only by case"},
+		{"an identity field twice", "POST", "/v1/decide", "", `{"agent_id":"a","AGENT_ID":"b","tool":"t"}`, 400, "malformed_json", "differ only by case"},
+		{"args and arguments", "POST", "/v1/decide", "", `{"agent_id":"a","tool":"t","args":{},"arguments":{}}`, 400, "bad_request", "as args or as arguments"},
 		{"an array body", "POST", "/v1/decide", "", `[1]`, 400, "bad_request", "must be a JSON object, not an array"},
 		{"wrong field type", "POST", "/v1/decide", "", `{"agent_id":5,"tool":"t"}`, 400, "bad_request", "field agent_id must be a string, not a number"},
 		{"too large", "POST", "/v1/decide", "", big, 413, "body_too_large", "larger than 1048576 bytes"},

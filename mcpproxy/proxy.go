@@ -462,12 +462,43 @@ func (p *Proxy) listTools(id gate.Identity, r *mcp.ListToolsRequest) (mcp.Result
 	if err != nil {
 		return nil, err
 	}
+	class := make(map[string]toolgate.SideEffectClass, len(disc.Resolution.Tools))
+	for _, st := range disc.Resolution.Tools {
+		class[st.ToolID] = st.SideEffectClass
+	}
+	snap := p.g.Snapshot()
 	out := &mcp.ListToolsResult{Tools: make([]*mcp.Tool, 0, len(page)), NextCursor: next}
 	for _, m := range page {
-		out.Tools = append(out.Tools, m.def)
+		t, _ := snap.Tool(m.id)
+		out.Tools = append(out.Tools, withGatewayAnnotations(m.def, class[m.id], t.Idempotent))
 	}
 	out.CacheScope = "private" // the list is this credential's, not everyone's
 	return out, nil
+}
+
+// withGatewayAnnotations is a tool's definition as the caller is shown it:
+// the annotations say the gateway's classification (the tool's effective
+// side_effect_class for this caller, and idempotent as the bundle says),
+// never the upstream's own claims, which may only ever have raised it. A
+// client that trusts readOnlyHint is told the truth.
+func withGatewayAnnotations(def *mcp.Tool, class toolgate.SideEffectClass, idempotent bool) *mcp.Tool {
+	t := *def
+	a := &mcp.ToolAnnotations{IdempotentHint: idempotent}
+	if def.Annotations != nil {
+		a.Title = def.Annotations.Title
+	}
+	yes, no := true, false
+	switch {
+	case class <= toolgate.SideEffectRead:
+		a.ReadOnlyHint, a.DestructiveHint = true, &no
+	case class == toolgate.SideEffectWrite:
+		a.DestructiveHint = &no
+	default:
+		a.DestructiveHint = &yes
+	}
+	// openWorldHint left out: its default (true) is the careful reading.
+	t.Annotations = a
+	return &t
 }
 
 func (p *Proxy) lookup(name string) (mirror, bool) {
