@@ -133,6 +133,9 @@ type modeInfo struct {
 	removed          map[int32]removal
 	mcpWriteApproval bool
 	a2aApproval      map[int32]string // tool → partner needing approval (provisional)
+	// The MCP server lists, for resource and prompt accesses (access.go).
+	allowedSrv, deniedSrv map[string]bool
+	where                 string
 }
 
 type agentInfo struct {
@@ -143,12 +146,19 @@ type agentInfo struct {
 	modes               map[string]*modeInfo
 	vars                map[string]any
 	doc                 *policy.Agent
+	// resCeil and promptCeil are the declared resource and prompt
+	// ceilings; nil means the default (access_compile.go).
+	resCeil, promptCeil *accessCeiling
+	// upTools lists, per upstream, the ceiling's tools of that upstream
+	// in ceiling order (the default's reachability).
+	upTools map[string][]int32
 }
 
 type grantC struct {
 	scope policy.Scope
-	conds []*cond.Program // all must hold; none means unconditional
-	from  string          // where the grant came from, for reasons
+	uri   policy.URIPattern // scope.URI compiled (mcp_resource grants)
+	conds []*cond.Program   // all must hold; none means unconditional
+	from  string            // where the grant came from, for reasons
 }
 
 type principalInfo struct {
@@ -187,6 +197,8 @@ type compiledPolicy struct {
 	allowlist                      bool
 	requiresHuman                  bool
 	perTool                        []policyTool
+	// Rules that select resources and prompts (access_compile.go).
+	accessConds, accessEsc, accessGuard []accessRule
 }
 
 func (p *compiledPolicy) applies(agent, instance, env, mode string) bool {
@@ -207,6 +219,12 @@ type Snapshot struct {
 	instances  map[string]map[string]map[int32]bool // instance → env → suspended
 	principals map[string]*principalInfo
 	policies   []*compiledPolicy
+	// upstreams are the MCP servers the bundle knows (Upstreams, and
+	// tools' servers), with the ids of their whole resource and prompt
+	// sets; instAccess holds instance → environment → suspended
+	// resources and prompts (access_compile.go).
+	upstreams  map[string]*upstreamInfo
+	instAccess map[string]map[string]*accessSels
 	settings   policy.Settings
 	bundle     *policy.Bundle
 	report     *policy.Report
@@ -261,8 +279,14 @@ func Compile(b *policy.Bundle, opts *Options) (*Snapshot, *policy.Report, error)
 	if err := c.tools(announced); err != nil {
 		return nil, rep, err
 	}
+	c.upstreams()
 	c.agents()
-	c.instances()
+	if err := c.accessCeilings(); err != nil {
+		return nil, rep, err
+	}
+	if err := c.instances(); err != nil {
+		return nil, rep, err
+	}
 	if err := c.principals(); err != nil {
 		return nil, rep, err
 	}
@@ -383,6 +407,7 @@ func (c *compiler) agents() {
 		where := fmt.Sprintf("RuntimePolicy %s/%s (%s)", rp.AgentID, rp.DeploymentMode, rp.Pos.At())
 		grants, susp := set(p.ToolGrants), set(p.ToolSuspensions)
 		allowedSrv, deniedSrv := set(p.MCPToolPolicy.AllowedServers), set(p.MCPToolPolicy.DeniedServers)
+		m.allowedSrv, m.deniedSrv, m.where = allowedSrv, deniedSrv, where
 		partners := set(p.A2AToolPolicy.AllowedPartners)
 		for _, idx := range ai.order {
 			t := &c.s.tools[idx]
@@ -443,9 +468,11 @@ func setOrNil(xs []string) map[string]bool {
 	return set(xs)
 }
 
-func (c *compiler) instances() {
+func (c *compiler) instances() error {
+	c.s.instAccess = map[string]map[string]*accessSels{}
 	for _, in := range c.b.Instances {
 		envs := map[string]map[int32]bool{}
+		access := map[string]*accessSels{}
 		for env, o := range in.EnvironmentOverrides {
 			s := map[int32]bool{}
 			for _, id := range o.ToolSuspensions {
@@ -454,9 +481,18 @@ func (c *compiler) instances() {
 				}
 			}
 			envs[env] = s
+			sels, err := compileSels(o.ResourceSuspensions, o.PromptSuspensions)
+			if err != nil {
+				return fmt.Errorf("Instance %s: environment %s: %w", in.InstanceID, env, err)
+			}
+			if !sels.empty() {
+				access[env] = sels
+			}
 		}
 		c.s.instances[in.InstanceID] = envs
+		c.s.instAccess[in.InstanceID] = access
 	}
+	return nil
 }
 
 func (c *compiler) principals() error {
@@ -587,6 +623,11 @@ func (pi *principalInfo) add(s *Snapshot, g policy.Grant, gc grantC) {
 		}
 		return
 	}
+	if g.Scope.URI != "" {
+		// A uri that does not compile matches nothing (the zero pattern):
+		// validation and CompileDelegation refuse it before.
+		gc.uri, _ = policy.CompileURIPattern(g.Scope.URI)
+	}
 	byAction := pi.resources[g.Resource]
 	if byAction == nil {
 		byAction = map[string][]grantC{}
@@ -629,8 +670,11 @@ func (s *Snapshot) CompileDelegation(id, delegator, delegate string, grants []po
 		if g.Resource == "" || g.Action == "" || strings.Contains(g.Resource+g.Action, "*") {
 			return nil, fmt.Errorf("delegation grant %d: resource and action are exact names", i)
 		}
-		if !g.Scope.All && g.Scope.Tool == "" && g.Scope.Name == "" {
+		if g.Scope.Empty() {
 			return nil, fmt.Errorf("delegation grant %d: scope is required", i)
+		}
+		if err := policy.CheckAccessScope(g); err != nil {
+			return nil, fmt.Errorf("delegation grant %d: %w", i, err)
 		}
 		gc := grantC{scope: g.Scope, from: "delegation " + id}
 		if g.When != "" {
@@ -662,7 +706,7 @@ func (s *Snapshot) DecideDelegated(c *toolgate.Call, d *Delegation) (out toolgat
 			out = internalError(c, fmt.Sprintf("internal error while deciding (fail closed): %v", r))
 		}
 	}()
-	e := eval{s: s, c: c, del: d.info, delID: d.ID}
+	e := eval{s: s, c: *c, del: d.info, delID: d.ID}
 	return e.run(nil)
 }
 
@@ -722,6 +766,9 @@ func (c *compiler) policies() error {
 				}
 				pt.guard = append(pt.guard, guardC{prog: prog, effect: gr.Effect, reason: gr.Reason})
 			}
+		}
+		if err := c.accessRules(tp, cp); err != nil {
+			return fmt.Errorf("ToolPolicy %s: %w", tp.Name, err)
 		}
 		c.s.policies = append(c.s.policies, cp)
 	}

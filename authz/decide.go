@@ -12,8 +12,11 @@ const allowReason = "allowed: every layer passed"
 
 // eval carries one call through the checks. It lives on the caller's stack.
 type eval struct {
-	s     *Snapshot
-	c     *toolgate.Call
+	s *Snapshot
+	// c is a copy of the call: a pointer into the caller's Call would
+	// make every Call the core builds itself (defaultReach, Resolve) escape
+	// to the heap, since condVars hands values read from the eval to CEL.
+	c     toolgate.Call
 	mode  string
 	idx   int32
 	tool  *Tool
@@ -46,7 +49,7 @@ func (s *Snapshot) Decide(c *toolgate.Call) (d toolgate.Decision) {
 	if s == nil {
 		return internalError(c, "no policy snapshot loaded (fail closed)")
 	}
-	e := eval{s: s, c: c}
+	e := eval{s: s, c: *c}
 	return e.run(nil)
 }
 
@@ -75,7 +78,7 @@ func (s *Snapshot) Explain(c *toolgate.Call) (d toolgate.Decision, trace []Layer
 	if s == nil {
 		return internalError(c, "no policy snapshot loaded (fail closed)"), nil
 	}
-	e := eval{s: s, c: c}
+	e := eval{s: s, c: *c}
 	d = e.run(&trace)
 	return d, trace
 }
@@ -418,16 +421,18 @@ func (e *eval) condVars() *cond.Vars {
 		} else {
 			pv = map[string]any{"id": e.c.Principal, "roles": []string{}}
 		}
-		e.vars = &cond.Vars{Args: e.c.Args, Principal: pv, Agent: e.agent.vars, Tool: e.tool.vars,
+		v := &cond.Vars{Args: e.c.Args, Principal: pv, Agent: e.agent.vars, Tool: e.tool.vars,
 			Environment: e.c.Environment, InstanceID: e.c.InstanceID, DeploymentMode: e.mode}
 		if n := len(e.c.Resources) + len(e.c.Observed); n > 0 {
-			e.vars.Resources = make([]map[string]any, 0, n)
+			rs := make([]map[string]any, 0, n)
 			for _, list := range [2][]toolgate.Resource{e.c.Resources, e.c.Observed} {
 				for _, r := range list {
-					e.vars.Resources = append(e.vars.Resources, map[string]any{"type": r.Type, "name": r.Name, "action": resourceAction(r)})
+					rs = append(rs, map[string]any{"type": r.Type, "name": r.Name, "action": resourceAction(r)})
 				}
 			}
+			v.Resources = rs
 		}
+		e.vars = v
 	}
 	return e.vars
 }

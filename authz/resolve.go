@@ -83,7 +83,7 @@ func (s *Snapshot) Resolve(ctx Context) Resolution {
 		call := toolgate.Call{AgentID: ctx.AgentID, DeploymentMode: mode, InstanceID: ctx.InstanceID,
 			Environment: ctx.Environment, Principal: ctx.Principal, Tool: t.ID, ToolLevel: true}
 		var trace []LayerResult
-		e := eval{s: s, c: &call, skipPrincipal: ctx.Principal == ""}
+		e := eval{s: s, c: call, skipPrincipal: ctx.Principal == ""}
 		if d := ctx.Delegation; d != nil {
 			if d.snap != s || d.Delegator != ctx.Principal {
 				continue // not this snapshot's or principal's: disclose nothing through it
