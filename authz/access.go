@@ -112,11 +112,15 @@ type accessEval struct {
 	// ceil is the agent's declared ceiling of this kind (nil: the
 	// default); tier and target are the matched entry's (or the
 	// default's).
-	ceil     *accessCeiling
-	tier     toolgate.ApprovalTier
-	target   string
-	skipArgs bool
-	vars     *cond.Vars
+	ceil   *accessCeiling
+	tier   toolgate.ApprovalTier
+	target string
+	// guard and human say some covering entry has approval_tier policy
+	// (the Policy Guard judges the access) or hitl (a human approves it):
+	// every covering entry's tier applies, not only the strictest's.
+	guard, human bool
+	skipArgs     bool
+	vars         *cond.Vars
 	// reach, when set (AccessFilter), caches the default's reachability
 	// per upstream; quiet leaves refusals without a reason.
 	reach map[string]*reachResult
@@ -279,6 +283,8 @@ func (e *accessEval) checkCeiling() *toolgate.Decision {
 			if best == nil || tierRank(en.tier) > tierRank(best.tier) {
 				best = en
 			}
+			e.guard = e.guard || en.tier == toolgate.TierPolicy
+			e.human = e.human || en.tier == toolgate.TierHITL
 		}
 		if best == nil {
 			return e.deny(toolgate.CodeNotInCeiling, toolgate.LayerCeiling,
@@ -649,10 +655,7 @@ func (e *accessEval) checkConditions() *toolgate.Decision {
 // allow.
 func (e *accessEval) checkApproval() (*toolgate.Decision, bool) {
 	why := ""
-	switch e.tier {
-	case toolgate.TierHITL:
-		why = fmt.Sprintf("approval_tier hitl (%s): a human must approve each access", e.target)
-	case toolgate.TierPolicy:
+	if e.guard {
 		effect, reason, d := e.policyGuard()
 		if d != nil {
 			return d, false
@@ -661,45 +664,47 @@ func (e *accessEval) checkApproval() (*toolgate.Decision, bool) {
 			why = fmt.Sprintf("approval_tier policy (%s): the Policy Guard escalates this access to a human%s", e.target, reason)
 		}
 	}
-	if why == "" {
-		for _, p := range e.s.policies {
-			if (!p.requiresHuman && len(p.accessEsc) == 0) || !e.applies(p) {
+	if why == "" && e.human {
+		why = fmt.Sprintf("approval_tier hitl (%s): a human must approve each access", e.target)
+	}
+	// Every escalation rule that selects the access is evaluated, even when
+	// it needs approval already, so that one that cannot be evaluated
+	// denies (as in Decide).
+	for _, p := range e.s.policies {
+		if (!p.requiresHuman && len(p.accessEsc) == 0) || !e.applies(p) {
+			continue
+		}
+		if why == "" && p.requiresHuman {
+			why = fmt.Sprintf("ToolPolicy %s has requires_human_approval, which covers resource and prompt accesses too", p.name)
+		}
+		for i := range p.accessEsc {
+			r := &p.accessEsc[i]
+			sel := r.sels.match(&e.a)
+			switch {
+			case sel == "":
+				continue
+			case r.prog == nil:
+				if why == "" {
+					why = fmt.Sprintf("ToolPolicy %s escalation rule for %s matches", p.name, sel)
+				}
+				continue
+			case e.skipArgs:
+				if why == "" {
+					why = fmt.Sprintf("ToolPolicy %s escalation rule %s for %s may match", p.name, r.prog.Expr, sel)
+				}
 				continue
 			}
-			if p.requiresHuman {
-				why = fmt.Sprintf("ToolPolicy %s has requires_human_approval, which covers resource and prompt accesses too", p.name)
-				break
+			ok, err := r.prog.Eval(e.condVars())
+			if err != nil {
+				// A rule that cannot be evaluated denies: it never
+				// becomes an approval prompt someone could click.
+				return e.deny(toolgate.CodeConditionFailed, toolgate.LayerApproval,
+					func() string {
+						return fmt.Sprintf("approval layer: ToolPolicy %s escalation rule %s could not be evaluated for %s: %v (an evaluation error denies); fix the rule or the request", p.name, r.prog.Expr, e.what(), err)
+					}), false
 			}
-			for i := range p.accessEsc {
-				r := &p.accessEsc[i]
-				sel := r.sels.match(&e.a)
-				if sel == "" {
-					continue
-				}
-				if r.prog == nil {
-					why = fmt.Sprintf("ToolPolicy %s escalation rule for %s matches", p.name, sel)
-					break
-				}
-				if e.skipArgs {
-					why = fmt.Sprintf("ToolPolicy %s escalation rule %s for %s may match", p.name, r.prog.Expr, sel)
-					break
-				}
-				ok, err := r.prog.Eval(e.condVars())
-				if err != nil {
-					// A rule that cannot be evaluated denies: it never
-					// becomes an approval prompt someone could click.
-					return e.deny(toolgate.CodeConditionFailed, toolgate.LayerApproval,
-						func() string {
-							return fmt.Sprintf("approval layer: ToolPolicy %s escalation rule %s could not be evaluated for %s: %v (an evaluation error denies); fix the rule or the request", p.name, r.prog.Expr, e.what(), err)
-						}), false
-				}
-				if ok {
-					why = fmt.Sprintf("ToolPolicy %s escalation rule %s matches", p.name, r.prog.Expr)
-					break
-				}
-			}
-			if why != "" {
-				break
+			if ok && why == "" {
+				why = fmt.Sprintf("ToolPolicy %s escalation rule %s matches", p.name, r.prog.Expr)
 			}
 		}
 	}

@@ -219,9 +219,9 @@ func TestDecideAccessResources(t *testing.T) {
 		// runtime
 		{"no runtime policy for the mode", withMode(read("reader", al, "docs", "file:///readme.md"), "nightly"),
 			accessDeny(toolgate.CodeNoRuntimePolicy, toolgate.LayerRuntime, tReadme), nil},
-		{"denied_servers", withMode(read("reader", al, "hr", "hr://salaries/1"), "staging"),
+		{"denied_servers", withMode(read("reader", al, "hr", "hr://salaries/7"), "staging"),
 			accessDeny(toolgate.CodeMCPServerDenied, toolgate.LayerRuntime, tSalaries), []string{"denied_servers"}},
-		{"not in allowed_servers", withMode(read("reader", al, "hr", "hr://salaries/1"), "docsonly"),
+		{"not in allowed_servers", withMode(read("reader", al, "hr", "hr://salaries/7"), "docsonly"),
 			accessDeny(toolgate.CodeMCPServerDenied, toolgate.LayerRuntime, tSalaries), []string{"allowed_servers"}},
 		{"allowed_servers keeps docs", withMode(read("reader", al, "docs", "file:///readme.md"), "docsonly"), accessAllow(tReadme), nil},
 
@@ -244,7 +244,7 @@ func TestDecideAccessResources(t *testing.T) {
 			accessDeny(toolgate.CodeRBACResource, toolgate.LayerGrant, tReadme), nil},
 
 		// condition
-		{"a grant condition that holds", withKind(read("reader", al, "hr", "hr://salaries/1"), toolgate.AccessResourceRead), accessAllow(tSalaries), nil},
+		{"a grant condition that holds", read("reader", al, "hr", "hr://salaries/7"), accessAllow(tSalaries), nil},
 		{"a grant condition that errors denies", read("reader", "user:dave", "docs", "file:///readme.md"),
 			accessDeny(toolgate.CodeConditionFailed, toolgate.LayerCondition, tReadme), []string{"evaluation error denies"}},
 		{"a policy condition over resource.uri", read("reader", al, "hr", "hr://salaries/ceo"),
@@ -254,9 +254,11 @@ func TestDecideAccessResources(t *testing.T) {
 		{"the strictest of overlapping entries", read("reader", al, "docs", "file:///docs/secret/plans.md"),
 			accessApproval(tDocsSecret), []string{"hitl"}},
 		{"approved", approved(read("reader", al, "docs", "file:///docs/secret/plans.md")), accessAllow(tDocsSecret), nil},
-		{"policy tier: a guard allow rule", read("reader", al, "hr", "hr://salaries/1"), accessAllow(tSalaries), nil},
-		{"policy tier: a guard deny rule", read("reader", al, "hr", "hr://salaries/2"),
-			accessDeny(toolgate.CodePolicyDenied, toolgate.LayerApproval, tSalaries), []string{"two is private"}},
+		{"policy tier: a guard allow rule", read("reader", al, "hr", "hr://salaries/7"), accessAllow(tSalaries), nil},
+		{"policy and hitl entries: the guard allows, a human approves", read("reader", al, "hr", "hr://salaries/1"),
+			accessApproval("mcp_resource:hr.hr://salaries/1"), []string{"hitl"}},
+		{"policy and hitl entries: the guard denies", read("reader", al, "hr", "hr://salaries/2"),
+			accessDeny(toolgate.CodePolicyDenied, toolgate.LayerApproval, "mcp_resource:hr.hr://salaries/2"), []string{"two is private"}},
 		{"policy tier: a guard rule that errors denies", read("reader", al, "hr", "hr://salaries/3"),
 			accessDeny(toolgate.CodeConditionFailed, toolgate.LayerApproval, tSalaries), []string{"evaluation error denies"}},
 		{"an escalation rule that errors denies", read("reader", al, "docs", "file:///notes/x"),

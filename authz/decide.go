@@ -552,39 +552,42 @@ func (e *eval) checkApproval() (*toolgate.Decision, bool) {
 			why = fmt.Sprintf("partner agent %s has trust tier provisional", partner)
 		}
 	}
-	if why == "" {
-		for _, p := range e.s.policies {
-			if !e.applies(p) {
-				continue
+	// Every applicable escalation rule is evaluated, even when the call
+	// needs approval already: a rule that cannot be evaluated denies, so
+	// another reason for approval (a stricter tier, say) never turns that
+	// denial into an approval prompt (docs/design.md, "Fail closed on
+	// anything missing").
+	for _, p := range e.s.policies {
+		if !e.applies(p) {
+			continue
+		}
+		pt := &p.perTool[e.idx]
+		if why == "" && p.requiresHuman {
+			why = fmt.Sprintf("ToolPolicy %s has requires_human_approval", p.name)
+		}
+		if why == "" && pt.escalate {
+			why = fmt.Sprintf("ToolPolicy %s escalation_rules match %s (%q)", p.name, e.tool.ID, pt.escalateWhy)
+		}
+		if len(pt.escalateIf) == 0 {
+			continue
+		}
+		if e.c.ToolLevel {
+			if why == "" {
+				why = fmt.Sprintf("ToolPolicy %s escalation_rules may match %s", p.name, e.tool.ID)
 			}
-			pt := &p.perTool[e.idx]
-			switch {
-			case p.requiresHuman:
-				why = fmt.Sprintf("ToolPolicy %s has requires_human_approval", p.name)
-			case pt.escalate:
-				why = fmt.Sprintf("ToolPolicy %s escalation_rules match %s (%q)", p.name, e.tool.ID, pt.escalateWhy)
-			case len(pt.escalateIf) > 0:
-				if e.c.ToolLevel {
-					why = fmt.Sprintf("ToolPolicy %s escalation_rules may match %s", p.name, e.tool.ID)
-					break
-				}
-				for _, prog := range pt.escalateIf {
-					ok, err := prog.Eval(e.condVars())
-					if err != nil {
-						// A rule that cannot be evaluated denies: it never
-						// becomes an approval prompt someone could click.
-						d := e.deny(toolgate.CodeConditionFailed, toolgate.LayerApproval,
-							fmt.Sprintf("approval layer: ToolPolicy %s escalation rule %s could not be evaluated for these arguments: %v (an evaluation error denies); fix the rule or the arguments", p.name, prog.Expr, err))
-						return &d, false
-					}
-					if ok {
-						why = fmt.Sprintf("ToolPolicy %s escalation rule %s matches", p.name, prog.Expr)
-						break
-					}
-				}
+			continue
+		}
+		for _, prog := range pt.escalateIf {
+			ok, err := prog.Eval(e.condVars())
+			if err != nil {
+				// A rule that cannot be evaluated denies: it never
+				// becomes an approval prompt someone could click.
+				d := e.deny(toolgate.CodeConditionFailed, toolgate.LayerApproval,
+					fmt.Sprintf("approval layer: ToolPolicy %s escalation rule %s could not be evaluated for these arguments: %v (an evaluation error denies); fix the rule or the arguments", p.name, prog.Expr, err))
+				return &d, false
 			}
-			if why != "" {
-				break
+			if ok && why == "" {
+				why = fmt.Sprintf("ToolPolicy %s escalation rule %s matches", p.name, prog.Expr)
 			}
 		}
 	}
