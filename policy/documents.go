@@ -328,10 +328,10 @@ func (s *Scope) UnmarshalYAML(n *yaml.Node) error {
 			}
 		}
 		switch {
-		case kinds != 1:
-			return fmt.Errorf("line %d: scope: give exactly one of tool, name or upstream (want %s)", n.Line, scopeShapes)
 		case (m.URI != "" || m.Prompt != "") && m.Upstream == "":
 			return fmt.Errorf("line %d: scope: uri and prompt name something of an upstream: give upstream too", n.Line)
+		case kinds != 1:
+			return fmt.Errorf("line %d: scope: give exactly one of tool, name or upstream (want %s)", n.Line, scopeShapes)
 		case m.URI != "" && m.Prompt != "":
 			return fmt.Errorf("line %d: scope: give uri (an mcp_resource scope) or prompt (a prompt scope), not both", n.Line)
 		}
