@@ -152,8 +152,10 @@ func (c *compiler) accessCeilings() error {
 		}
 		ai.upTools = map[string][]int32{}
 		for _, idx := range ai.order {
-			if up := c.s.tools[idx].MCPServer; up != "" {
-				ai.upTools[up] = append(ai.upTools[up], idx)
+			// A control-flow tool reaches no external system (and is never
+			// gated), so it never makes an upstream reachable.
+			if t := &c.s.tools[idx]; t.MCPServer != "" && !t.ControlFlow {
+				ai.upTools[t.MCPServer] = append(ai.upTools[t.MCPServer], idx)
 			}
 		}
 		if a.ResourcePermissions != nil {

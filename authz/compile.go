@@ -63,9 +63,15 @@ func AnnouncedClass(claimed toolgate.SideEffectClass, docClass toolgate.SideEffe
 // injective"). Compile applies it too.
 func CheckAnnounced(b *policy.Bundle, announced []AnnouncedTool) (ok []AnnouncedTool, problems []string) {
 	docs := map[string]*policy.Tool{}
+	controlFlow := map[string]bool{}
 	if b != nil {
 		for _, d := range b.Tools {
 			docs[policy.ToolIDOf(d)] = d
+		}
+		for _, st := range b.Settings {
+			for _, id := range st.ControlFlowTools {
+				controlFlow[id] = true
+			}
 		}
 	}
 	for _, a := range announced {
@@ -84,6 +90,11 @@ func CheckAnnounced(b *policy.Bundle, announced []AnnouncedTool) (ok []Announced
 			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as A2A agent %s; the upstream's tool is refused", a.MCPServer, a.ID, d.A2AAgent))
 		case src.MCPServer != "" && src.MCPServer != a.MCPServer:
 			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as a tool of upstream %s; the upstream's tool is refused", a.MCPServer, a.ID, src.MCPServer))
+		case d.ControlFlow || controlFlow[a.ID]:
+			// A control-flow tool is never gated by policy, grants or
+			// approval because it reaches no external system; an
+			// upstream's tool of that id would be one that does.
+			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as a control-flow tool (never gated, as it reaches no external system); the upstream's tool is refused (rename it with the upstream's tool_prefix)", a.MCPServer, a.ID))
 		default:
 			ok = append(ok, a)
 		}

@@ -200,6 +200,15 @@ var accessValidateCases = []validateCase{
 
 func TestValidateAccess(t *testing.T) { runValidateCases(t, accessValidateCases) }
 
+// TestValidateControlFlowToolsHaveNoSource: Settings.control_flow_tools
+// may not make a tool that reaches an upstream (or anything) ungated, as
+// control_flow: true may not.
+func TestValidateControlFlowToolsHaveNoSource(t *testing.T) {
+	runValidateCases(t, []validateCase{{name: "an upstream tool as a control-flow tool", files: one("s.yaml", accessBase+`
+- {kind: Settings, control_flow_tools: [tool:docs-search]}   # want error "control_flow_tools entry tool:docs-search has a source or a2a_agent"
+`)}})
+}
+
 // TestAccessCeilingDeclared: a resource or prompt ceiling is declared when
 // the bundle writes the field, even empty or null; left out, it is the
 // default (nil).

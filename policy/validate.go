@@ -771,8 +771,14 @@ func (v *validator) settings() {
 	}
 	for _, s := range v.b.Settings {
 		for _, id := range s.ControlFlowTools {
-			if v.tools_[id] == nil {
+			t := v.tools_[id]
+			switch {
+			case t == nil:
 				v.r.Errorf(s.Pos, "Settings: control_flow_tools entry %s is not a declared Tool%s", id, didYouMean(id, sortedKeys(v.tools_)))
+			case t.Source != (ToolSource{}) || t.A2AAgent != "":
+				// As for control_flow: true (tools()): a control-flow tool
+				// is never gated, because it reaches no external system.
+				v.r.Errorf(s.Pos, "Settings: control_flow_tools entry %s has a source or a2a_agent, but a control-flow tool reaches no external system (it is never gated by policy, grants or approval); remove it from control_flow_tools", id)
 			}
 		}
 		for _, o := range s.AllowedOrigins {
