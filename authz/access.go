@@ -9,8 +9,8 @@ package authz
 //     judge as the upstream will resolve it (policy.CheckResourceURI), the
 //     arguments parsed, an upstream owns it and the agent is declared;
 //  2. ceiling: with a declared resource_permissions (prompt_permissions),
-//     an entry of the owner covers it (the strictest tier of those that
-//     do applies); without one, the default: one of the owner's tools is
+//     an entry of the owner covers it (every covering entry's tier
+//     applies at 8); without one, the default: one of the owner's tools is
 //     disclosed to this identity, which is the tool-level Decide of the
 //     agent's ceiling tools of that upstream, grant layer included;
 //  3. runtime: a RuntimePolicy for the mode, and mcp_tool_policy's

@@ -133,7 +133,8 @@ func tierOf(s string) toolgate.ApprovalTier {
 }
 
 // tierRank orders approval tiers from the least strict; when several
-// ceiling entries cover an access, the strictest applies.
+// ceiling entries cover an access, the strictest names it (Decision's
+// Target and ApprovalTier), and every one's tier applies (access.go).
 func tierRank(t toolgate.ApprovalTier) int {
 	switch t {
 	case toolgate.TierHITL:

@@ -115,7 +115,9 @@ type ResourcePermission struct {
 	// that template itself (uris.go). Required.
 	URI string `yaml:"uri"`
 	// ApprovalTier is auto, policy (Policy Guard) or hitl (human). Default
-	// auto. When several entries cover an access, the strictest applies.
+	// auto. When several entries cover an access, each one's tier applies
+	// (the Policy Guard judges it if one is policy, a human approves it if
+	// one is hitl).
 	ApprovalTier string `yaml:"approval_tier"`
 }
 
