@@ -342,7 +342,8 @@ func (e *accessEval) defaultReach(tools []int32) *toolgate.Decision {
 	for i, idx := range tools {
 		call := toolgate.Call{AgentID: a.AgentID, DeploymentMode: a.DeploymentMode, InstanceID: a.InstanceID,
 			Environment: a.Environment, Principal: a.Principal, Tool: e.s.tools[idx].ID, ToolLevel: true}
-		te := eval{s: e.s, c: call, del: e.del, delID: e.delID}
+		var vc varsCache
+		te := eval{s: e.s, c: &call, del: e.del, vc: &vc}
 		d := te.run(nil)
 		if d.Verdict != toolgate.Deny {
 			return nil

@@ -717,7 +717,8 @@ func (s *Snapshot) DecideDelegated(c *toolgate.Call, d *Delegation) (out toolgat
 			out = internalError(c, fmt.Sprintf("internal error while deciding (fail closed): %v", r))
 		}
 	}()
-	e := eval{s: s, c: *c, del: d.info, delID: d.ID}
+	var vc varsCache
+	e := eval{s: s, c: c, del: d.info, vc: &vc}
 	return e.run(nil)
 }
 

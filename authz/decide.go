@@ -12,11 +12,8 @@ const allowReason = "allowed: every layer passed"
 
 // eval carries one call through the checks. It lives on the caller's stack.
 type eval struct {
-	s *Snapshot
-	// c is a copy of the call: a pointer into the caller's Call would
-	// make every Call the core builds itself (defaultReach, Resolve) escape
-	// to the heap, since condVars hands values read from the eval to CEL.
-	c     toolgate.Call
+	s     *Snapshot
+	c     *toolgate.Call
 	mode  string
 	idx   int32
 	tool  *Tool
@@ -26,12 +23,17 @@ type eval struct {
 	pr    *principalInfo
 	// del, when set, is a delegation's grant set: every grant check must
 	// also pass against it (the intersection, never wider).
-	del   *principalInfo
-	delID string
+	del *principalInfo // its delegation field is the delegation's id
 	// skipPrincipal is set by Resolve without a principal: the grant layers
 	// are not judged.
 	skipPrincipal bool
-	vars          *cond.Vars
+	// vc caches the condition variables. It is a pointer to a struct
+	// outside the eval (on the caller's stack) rather than a *cond.Vars
+	// field: what condVars returns goes to CEL, that is to the heap, and a
+	// pointer loaded straight from the eval would make the escape analysis
+	// move every Call the core builds itself (Resolve, DecideAccess's
+	// default) to the heap with it.
+	vc *varsCache
 }
 
 // Decide answers one call (DESIGN.md §2). It never returns an error: any
@@ -49,7 +51,8 @@ func (s *Snapshot) Decide(c *toolgate.Call) (d toolgate.Decision) {
 	if s == nil {
 		return internalError(c, "no policy snapshot loaded (fail closed)")
 	}
-	e := eval{s: s, c: *c}
+	var vc varsCache
+	e := eval{s: s, c: c, vc: &vc}
 	return e.run(nil)
 }
 
@@ -78,7 +81,8 @@ func (s *Snapshot) Explain(c *toolgate.Call) (d toolgate.Decision, trace []Layer
 	if s == nil {
 		return internalError(c, "no policy snapshot loaded (fail closed)"), nil
 	}
-	e := eval{s: s, c: *c}
+	var vc varsCache
+	e := eval{s: s, c: c, vc: &vc}
 	d = e.run(&trace)
 	return d, trace
 }
@@ -282,7 +286,7 @@ func (e *eval) checkRuntime() *toolgate.Decision {
 	m := e.agent.modes[e.mode]
 	if m == nil {
 		d := e.deny(toolgate.CodeNoRuntimePolicy, toolgate.LayerRuntime,
-			fmt.Sprintf("runtime layer: agent %s has no RuntimePolicy for deployment mode %q, so no tool is active (fail closed); add one", e.agent.id, e.mode))
+			fmt.Sprintf("runtime layer: agent %s has no RuntimePolicy for deployment mode %q, so no tool is active (fail closed); add one", e.agent.id, e.modeOf()))
 		return &d
 	}
 	e.m = m
@@ -361,7 +365,7 @@ func (e *eval) checkInvoke() *toolgate.Decision {
 	if e.del != nil && len(e.del.invokeAll) == 0 && len(e.del.invoke[e.idx]) == 0 {
 		d := e.deny(toolgate.CodeRBACToolInvoke, toolgate.LayerGrant,
 			fmt.Sprintf("grant layer: delegation %s from %s does not include tool:invoke on %s (%s); a delegate never exceeds what it was handed: mint a delegation that includes it",
-				e.delID, pr.id, e.c.Tool, e.tool.ID))
+				e.del.delegation, pr.id, e.c.Tool, e.tool.ID))
 		return &d
 	}
 	return nil
@@ -406,15 +410,34 @@ func (e *eval) checkResources() *toolgate.Decision {
 		if e.del != nil && len(covering(e.del.resources[r.Type][act], r.Name, buf[:0])) == 0 {
 			d := e.deny(toolgate.CodeRBACResource, toolgate.LayerResource,
 				fmt.Sprintf("resource layer: delegation %s from %s does not include %s:%s on %s (the call touches it); a delegate never exceeds what it was handed",
-					e.delID, e.pr.id, r.Type, act, r.Name))
+					e.del.delegation, e.pr.id, r.Type, act, r.Name))
 			return &d
 		}
 	}
 	return nil
 }
 
+// modeOf is the call's deployment mode (e.mode's value, read again from
+// the call and the settings): a string loaded straight from the eval into
+// something that reaches the heap (a reason, CEL's variables) would move
+// the eval's call and varsCache to the heap with it, since the escape
+// analysis does not tell the eval's fields apart; what is read through
+// e.c, e.s or e.del does not.
+func (e *eval) modeOf() string {
+	if e.c.DeploymentMode != "" {
+		return e.c.DeploymentMode
+	}
+	return e.s.settings.DefaultDeploymentMode
+}
+
+// varsCache holds an eval's condition variables, built on first use.
+type varsCache struct{ vars *cond.Vars }
+
 func (e *eval) condVars() *cond.Vars {
-	if e.vars == nil {
+	if e.vc == nil {
+		e.vc = &varsCache{}
+	}
+	if e.vc.vars == nil {
 		var pv map[string]any
 		if e.pr != nil {
 			pv = e.pr.vars
@@ -422,7 +445,7 @@ func (e *eval) condVars() *cond.Vars {
 			pv = map[string]any{"id": e.c.Principal, "roles": []string{}}
 		}
 		v := &cond.Vars{Args: e.c.Args, Principal: pv, Agent: e.agent.vars, Tool: e.tool.vars,
-			Environment: e.c.Environment, InstanceID: e.c.InstanceID, DeploymentMode: e.mode}
+			Environment: e.c.Environment, InstanceID: e.c.InstanceID, DeploymentMode: e.modeOf()}
 		if n := len(e.c.Resources) + len(e.c.Observed); n > 0 {
 			rs := make([]map[string]any, 0, n)
 			for _, list := range [2][]toolgate.Resource{e.c.Resources, e.c.Observed} {
@@ -432,9 +455,9 @@ func (e *eval) condVars() *cond.Vars {
 			}
 			v.Resources = rs
 		}
-		e.vars = v
+		e.vc.vars = v
 	}
-	return e.vars
+	return e.vc.vars
 }
 
 // anyHolds reports whether some grant's conditions all hold; err is the
