@@ -267,8 +267,8 @@ type parser struct {
 	// whether numbers must be held exactly by a float64.
 	base    error
 	numbers bool
-	in  []byte
-	pos int
+	in      []byte
+	pos     int
 }
 
 func parseJSON(in []byte, base error, numbers bool) (value, error) {

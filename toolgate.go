@@ -62,12 +62,17 @@ func (v *Verdict) UnmarshalText(b []byte) error {
 type Code string
 
 // Decision codes, in the order of the checks that produce them.
+// unknown_resource and unknown_prompt refuse a resource or prompt access
+// (Access) that no upstream owns: the caller's routing found no owner, or
+// named an upstream the bundle does not know.
 const (
 	CodeOK                   Code = "ok"
 	CodeMalformedCall        Code = "malformed_call"
 	CodeAmbiguousToolName    Code = "ambiguous_tool_name"
 	CodeUnknownAgent         Code = "unknown_agent"
 	CodeUnknownTool          Code = "unknown_tool"
+	CodeUnknownResource      Code = "unknown_resource"
+	CodeUnknownPrompt        Code = "unknown_prompt"
 	CodeNotInCeiling         Code = "not_in_ceiling"
 	CodeNoRuntimePolicy      Code = "no_runtime_policy"
 	CodeSuspendedRuntime     Code = "suspended_runtime"
@@ -291,6 +296,122 @@ type Call struct {
 	Now time.Time
 }
 
+// AccessKind says what an Access asks to do with an upstream's resource or
+// prompt (docs/design.md, "Resources and prompts"). The zero value is no
+// kind: an Access without one is refused as malformed_call.
+type AccessKind uint8
+
+// Access kinds, each with the MCP request it decides.
+const (
+	// AccessResourceRead is resources/read of URI (never a template).
+	AccessResourceRead AccessKind = iota + 1
+	// AccessResourceSubscribe is resources/subscribe of URI; it needs
+	// what a read needs (grant action read).
+	AccessResourceSubscribe
+	// AccessResourceComplete is completion/complete of an argument of a
+	// resource template (ref/resource): URI is the template as the
+	// upstream listed it (Template set), or a URI. At ToolLevel with
+	// Template set, it decides the template's listing
+	// (resources/templates/list).
+	AccessResourceComplete
+	// AccessPromptGet is prompts/get of a prompt.
+	AccessPromptGet
+	// AccessPromptComplete is completion/complete of an argument of a
+	// prompt (ref/prompt); it needs what a get needs (grant action get).
+	AccessPromptComplete
+)
+
+var accessKindNames = [...]string{"", "resource_read", "resource_subscribe", "resource_complete", "prompt_get", "prompt_complete"}
+
+// String returns the wire name ("resource_read", "resource_subscribe",
+// "resource_complete", "prompt_get", "prompt_complete"), or
+// "access_kind(N)" for a value that is none of them.
+func (k AccessKind) String() string {
+	if k > 0 && int(k) < len(accessKindNames) {
+		return accessKindNames[k]
+	}
+	return fmt.Sprintf("access_kind(%d)", uint8(k))
+}
+
+// MarshalText encodes the kind as its wire name.
+func (k AccessKind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+
+// UnmarshalText decodes a wire name; anything else is an error.
+func (k *AccessKind) UnmarshalText(b []byte) error {
+	for i, n := range accessKindNames {
+		if i > 0 && n == string(b) {
+			*k = AccessKind(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown access kind %q (want resource_read, resource_subscribe, resource_complete, prompt_get or prompt_complete)", b)
+}
+
+// IsResource reports whether the kind reaches a resource (a URI or a
+// resource template) rather than a prompt.
+func (k AccessKind) IsResource() bool {
+	return k == AccessResourceRead || k == AccessResourceSubscribe || k == AccessResourceComplete
+}
+
+// IsPrompt reports whether the kind reaches a prompt.
+func (k AccessKind) IsPrompt() bool { return k == AccessPromptGet || k == AccessPromptComplete }
+
+// HasArgs reports whether an access of this kind carries arguments (a
+// prompt's, or a completion's): its tool-level decision (ToolLevel) then
+// leaves out what the arguments decide. A resource read or subscribe has
+// none, so its tool-level decision is the decision.
+func (k AccessKind) HasArgs() bool {
+	return k == AccessPromptGet || k == AccessPromptComplete || k == AccessResourceComplete
+}
+
+// Access is one request for an upstream's resource or prompt, decided by
+// authz.Snapshot.DecideAccess like a Call. The identity fields come from
+// the enforcement point's authenticated context, as for a Call; Upstream
+// comes from the caller's routing (the one upstream the request will be
+// sent to), never from the client.
+type Access struct {
+	Kind           AccessKind
+	AgentID        string
+	DeploymentMode string // "production" when empty
+	InstanceID     string // no instance override when empty
+	Environment    string // no environment override when empty
+	Principal      string // the subject the access runs as
+
+	// Upstream is the upstream the request goes to, as the caller's
+	// routing resolved it; empty means no upstream owns the URI or prompt,
+	// and the access is refused (unknown_resource, unknown_prompt).
+	Upstream string
+	// URI is, for a resource kind, the URI exactly as it will be sent to
+	// Upstream, or, with Template set, the resource template exactly as
+	// Upstream listed it.
+	URI string
+	// Template says URI is a resource template (a template listing, or the
+	// completion of one of its arguments): only a ceiling entry, grant or
+	// selector of exactly that template text covers it.
+	Template bool
+	// Prompt is, for a prompt kind, the upstream's own name of the prompt
+	// (what ceiling entries, grants and selectors name); PromptName is the
+	// name the model sees (the upstream's tool_prefix and Prompt), for
+	// reasons and conditions.
+	Prompt     string
+	PromptName string
+	// Args are the decoded JSON arguments (ParseArgs's Value): a prompt's
+	// arguments for prompts/get; for a completion, context.arguments with
+	// the argument being completed set to its value so far. Nil for a
+	// resource read or subscribe.
+	Args map[string]any
+	// ArgsErr, when set, is why the arguments did not parse: the access is
+	// refused as malformed_call at the composition layer.
+	ArgsErr error
+	// Approved says an unused approval bound to exactly this access
+	// exists; the caller consumes it when the decision allows.
+	Approved bool
+	// ToolLevel asks for the verdict used to filter lists (no arguments):
+	// for kinds with arguments (HasArgs) conditions and conditional rules
+	// are not judged; approval does not deny.
+	ToolLevel bool
+}
+
 // Decision is the answer for one call. The zero value denies.
 type Decision struct {
 	Verdict Verdict `json:"verdict"`
@@ -320,6 +441,15 @@ type Decision struct {
 	// disclosed is answered exactly like one of a tool that does not exist
 	// (docs/design.md, "The pipeline"). The zero value hides.
 	Disclosed bool `json:"disclosed,omitempty"`
+	// Target is, for a resource or prompt access (Access), the canonical
+	// id of what admitted it: the agent's ceiling entry the access
+	// matched ("mcp_resource:docs.\"file:///docs/{+path}\"",
+	// "prompt:docs.summarize"; policy.ResourceTarget, PromptTarget), or,
+	// where the agent declares no such ceiling, the whole upstream
+	// ("mcp_resource:docs", "prompt:docs"). Empty for a tool call and for
+	// an access refused before its ceiling was matched. Ids are
+	// injective: two different entries never share one.
+	Target string `json:"target,omitempty"`
 }
 
 // Allowed reports whether the call may run.

@@ -54,3 +54,47 @@ func TestAnnouncedIDsAreOneTool(t *testing.T) {
 		t.Errorf("tool:up-read is no longer the built-in: %+v", tool)
 	}
 }
+
+// TestAnnouncedNeverControlFlow: an upstream that announces the id of a
+// declared control-flow tool (control_flow: true, or named in
+// Settings.control_flow_tools) is refused: merged, its tool would reach the
+// upstream while never gated, and make the upstream's resources and
+// prompts reachable in the default without any grant.
+func TestAnnouncedNeverControlFlow(t *testing.T) {
+	src := `
+- {kind: Upstream, name: ask, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
+- {kind: Tool, tool_id: tool:ask-user, side_effect_class: none, control_flow: true}
+- {kind: Tool, tool_id: tool:ask-done, side_effect_class: none}
+- {kind: Settings, control_flow_tools: [tool:ask-done]}
+- kind: Agent
+  agent_id: a
+  version: 1.0.0
+  tool_permissions:
+    - {tool_id: tool:ask-user, side_effect_class: none}
+    - {tool_id: tool:ask-done, side_effect_class: none}
+- {kind: RuntimePolicy, agent_id: a, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}
+`
+	b := bundleOf(t, src)
+	announced := []authz.AnnouncedTool{
+		{ID: "tool:ask-user", Name: "ask_user", MCPServer: "ask", SideEffectClass: toolgate.SideEffectWrite},
+		{ID: "tool:ask-done", Name: "ask_done", MCPServer: "ask", SideEffectClass: toolgate.SideEffectWrite},
+	}
+	if ok, problems := authz.CheckAnnounced(b, announced); len(ok) != 0 || len(problems) != 2 {
+		t.Errorf("kept %v, problems %q; want both refused", ok, problems)
+	}
+	snap, _, err := authz.Compile(b, &authz.Options{Announced: announced})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"tool:ask-user", "tool:ask-done"} {
+		if tool, _ := snap.Tool(id); tool.MCPServer != "" {
+			t.Errorf("%s became upstream ask's tool", id)
+		}
+	}
+	// Nobody holds a grant, yet control-flow tools are disclosed: they must
+	// not make upstream ask's resources reachable.
+	a := toolgate.Access{Kind: toolgate.AccessResourceRead, AgentID: "a", Principal: "user:nobody", Upstream: "ask", URI: "file:///secret"}
+	if d := snap.DecideAccess(&a); d.Verdict != toolgate.Deny {
+		t.Errorf("a control-flow tool made upstream ask reachable: %s %s", d.Verdict, d.Reason)
+	}
+}

@@ -64,9 +64,15 @@ func AnnouncedClass(claimed toolgate.SideEffectClass, docClass toolgate.SideEffe
 // injective"). Compile applies it too.
 func CheckAnnounced(b *policy.Bundle, announced []AnnouncedTool) (ok []AnnouncedTool, problems []string) {
 	docs := map[string]*policy.Tool{}
+	controlFlow := map[string]bool{}
 	if b != nil {
 		for _, d := range b.Tools {
 			docs[policy.ToolIDOf(d)] = d
+		}
+		for _, st := range b.Settings {
+			for _, id := range st.ControlFlowTools {
+				controlFlow[id] = true
+			}
 		}
 	}
 	for _, a := range announced {
@@ -85,6 +91,11 @@ func CheckAnnounced(b *policy.Bundle, announced []AnnouncedTool) (ok []Announced
 			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as A2A agent %s; the upstream's tool is refused", a.MCPServer, a.ID, d.A2AAgent))
 		case src.MCPServer != "" && src.MCPServer != a.MCPServer:
 			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as a tool of upstream %s; the upstream's tool is refused", a.MCPServer, a.ID, src.MCPServer))
+		case d.ControlFlow || controlFlow[a.ID]:
+			// A control-flow tool is never gated by policy, grants or
+			// approval because it reaches no external system; an
+			// upstream's tool of that id would be one that does.
+			problems = append(problems, fmt.Sprintf("upstream %s announced %s, which the bundle declares as a control-flow tool (never gated, as it reaches no external system); the upstream's tool is refused (rename it with the upstream's tool_prefix)", a.MCPServer, a.ID))
 		default:
 			ok = append(ok, a)
 		}
@@ -134,6 +145,9 @@ type modeInfo struct {
 	removed          map[int32]removal
 	mcpWriteApproval bool
 	a2aApproval      map[int32]string // tool → partner needing approval (provisional)
+	// The MCP server lists, for resource and prompt accesses (access.go).
+	allowedSrv, deniedSrv map[string]bool
+	where                 string
 }
 
 type agentInfo struct {
@@ -144,12 +158,19 @@ type agentInfo struct {
 	modes               map[string]*modeInfo
 	vars                map[string]any
 	doc                 *policy.Agent
+	// resCeil and promptCeil are the declared resource and prompt
+	// ceilings; nil means the default (access_compile.go).
+	resCeil, promptCeil *accessCeiling
+	// upTools lists, per upstream, the ceiling's tools of that upstream
+	// in ceiling order (the default's reachability).
+	upTools map[string][]int32
 }
 
 type grantC struct {
 	scope policy.Scope
-	conds []*cond.Program // all must hold; none means unconditional
-	from  string          // where the grant came from, for reasons
+	uri   policy.URIPattern // scope.URI compiled (mcp_resource grants)
+	conds []*cond.Program   // all must hold; none means unconditional
+	from  string            // where the grant came from, for reasons
 }
 
 type principalInfo struct {
@@ -188,6 +209,8 @@ type compiledPolicy struct {
 	allowlist                      bool
 	requiresHuman                  bool
 	perTool                        []policyTool
+	// Rules that select resources and prompts (access_compile.go).
+	accessConds, accessEsc, accessGuard []accessRule
 }
 
 func (p *compiledPolicy) applies(agent, instance, env, mode string) bool {
@@ -208,6 +231,12 @@ type Snapshot struct {
 	instances  map[string]map[string]map[int32]bool // instance → env → suspended
 	principals map[string]*principalInfo
 	policies   []*compiledPolicy
+	// upstreams are the MCP servers the bundle knows (Upstreams, and
+	// tools' servers), with the ids of their whole resource and prompt
+	// sets; instAccess holds instance → environment → suspended
+	// resources and prompts (access_compile.go).
+	upstreams  map[string]*upstreamInfo
+	instAccess map[string]map[string]*accessSels
 	settings   policy.Settings
 	bundle     *policy.Bundle
 	report     *policy.Report
@@ -262,8 +291,14 @@ func Compile(b *policy.Bundle, opts *Options) (*Snapshot, *policy.Report, error)
 	if err := c.tools(announced); err != nil {
 		return nil, rep, err
 	}
+	c.upstreams()
 	c.agents()
-	c.instances()
+	if err := c.accessCeilings(); err != nil {
+		return nil, rep, err
+	}
+	if err := c.instances(); err != nil {
+		return nil, rep, err
+	}
 	if err := c.principals(); err != nil {
 		return nil, rep, err
 	}
@@ -384,6 +419,7 @@ func (c *compiler) agents() {
 		where := fmt.Sprintf("RuntimePolicy %s/%s (%s)", rp.AgentID, rp.DeploymentMode, rp.Pos.At())
 		grants, susp := set(p.ToolGrants), set(p.ToolSuspensions)
 		allowedSrv, deniedSrv := set(p.MCPToolPolicy.AllowedServers), set(p.MCPToolPolicy.DeniedServers)
+		m.allowedSrv, m.deniedSrv, m.where = allowedSrv, deniedSrv, where
 		partners := set(p.A2AToolPolicy.AllowedPartners)
 		for _, idx := range ai.order {
 			t := &c.s.tools[idx]
@@ -444,9 +480,11 @@ func setOrNil(xs []string) map[string]bool {
 	return set(xs)
 }
 
-func (c *compiler) instances() {
+func (c *compiler) instances() error {
+	c.s.instAccess = map[string]map[string]*accessSels{}
 	for _, in := range c.b.Instances {
 		envs := map[string]map[int32]bool{}
+		access := map[string]*accessSels{}
 		for env, o := range in.EnvironmentOverrides {
 			s := map[int32]bool{}
 			for _, id := range o.ToolSuspensions {
@@ -455,9 +493,18 @@ func (c *compiler) instances() {
 				}
 			}
 			envs[env] = s
+			sels, err := compileSels(o.ResourceSuspensions, o.PromptSuspensions)
+			if err != nil {
+				return fmt.Errorf("Instance %s: environment %s: %w", in.InstanceID, env, err)
+			}
+			if !sels.empty() {
+				access[env] = sels
+			}
 		}
 		c.s.instances[in.InstanceID] = envs
+		c.s.instAccess[in.InstanceID] = access
 	}
+	return nil
 }
 
 func (c *compiler) principals() error {
@@ -588,6 +635,11 @@ func (pi *principalInfo) add(s *Snapshot, g policy.Grant, gc grantC) {
 		}
 		return
 	}
+	if g.Scope.URI != "" {
+		// A uri that does not compile matches nothing (the zero pattern):
+		// validation and CompileDelegation refuse it before.
+		gc.uri, _ = policy.CompileURIPattern(g.Scope.URI)
+	}
 	byAction := pi.resources[g.Resource]
 	if byAction == nil {
 		byAction = map[string][]grantC{}
@@ -644,8 +696,11 @@ func (s *Snapshot) CompileDelegation(id, delegator, delegate string, grants []po
 		if g.Resource == "" || g.Action == "" || strings.Contains(g.Resource+g.Action, "*") {
 			return nil, fmt.Errorf("delegation grant %d: resource and action are exact names", i)
 		}
-		if !g.Scope.All && g.Scope.Tool == "" && g.Scope.Name == "" {
+		if g.Scope.Empty() {
 			return nil, fmt.Errorf("delegation grant %d: scope is required", i)
+		}
+		if err := policy.CheckAccessScope(g); err != nil {
+			return nil, fmt.Errorf("delegation grant %d: %w", i, err)
 		}
 		gc := grantC{scope: g.Scope, from: "delegation " + id}
 		if g.When != "" {
@@ -682,7 +737,8 @@ func (s *Snapshot) DecideDelegated(c *toolgate.Call, d *Delegation) (out toolgat
 			Reason:   fmt.Sprintf("grant layer: the grants of %s cannot be applied (fail closed): %v; mint a new token", d.ID, d.err),
 			ToolName: c.Tool, EventType: toolgate.EventUnauthorized}
 	}
-	e := eval{s: s, c: c, del: d.info, delID: d.ID}
+	var vc varsCache
+	e := eval{s: s, c: c, del: d.info, vc: &vc}
 	out = e.run(nil)
 	out.Disclosed = e.disclosed
 	if c.ArgsErr != nil {
@@ -754,6 +810,9 @@ func (c *compiler) policies() error {
 				}
 				pt.guard = append(pt.guard, guardC{prog: prog, effect: gr.Effect, reason: gr.Reason})
 			}
+		}
+		if err := c.accessRules(tp, cp); err != nil {
+			return fmt.Errorf("ToolPolicy %s: %w", tp.Name, err)
 		}
 		c.s.policies = append(c.s.policies, cp)
 	}

@@ -23,15 +23,20 @@ type eval struct {
 	pr    *principalInfo
 	// del, when set, is a delegation's grant set: every grant check must
 	// also pass against it (the intersection, never wider).
-	del   *principalInfo
-	delID string
+	del *principalInfo // its delegation field is the delegation's id
 	// skipPrincipal is set by Resolve without a principal: the grant layers
 	// are not judged.
 	skipPrincipal bool
 	// disclosed is set once every tool-level layer passed
 	// (toolgate.Decision.Disclosed).
 	disclosed bool
-	vars      *cond.Vars
+	// vc caches the condition variables. It is a pointer to a struct
+	// outside the eval (on the caller's stack) rather than a *cond.Vars
+	// field: what condVars returns goes to CEL, that is to the heap, and a
+	// pointer loaded straight from the eval would make the escape analysis
+	// move every Call the core builds itself (Resolve, DecideAccess's
+	// default) to the heap with it.
+	vc *varsCache
 }
 
 // Decide answers one call (DESIGN.md §2). It never returns an error: any
@@ -49,7 +54,8 @@ func (s *Snapshot) Decide(c *toolgate.Call) (d toolgate.Decision) {
 	if s == nil {
 		return internalError(c, "no policy snapshot loaded (fail closed)")
 	}
-	e := eval{s: s, c: c}
+	var vc varsCache
+	e := eval{s: s, c: c, vc: &vc}
 	d = e.run(nil)
 	d.Disclosed = e.disclosed
 	if c.ArgsErr != nil {
@@ -99,7 +105,8 @@ func (s *Snapshot) Explain(c *toolgate.Call) (d toolgate.Decision, trace []Layer
 	if s == nil {
 		return internalError(c, "no policy snapshot loaded (fail closed)"), nil
 	}
-	e := eval{s: s, c: c}
+	var vc varsCache
+	e := eval{s: s, c: c, vc: &vc}
 	d = e.run(&trace)
 	d.Disclosed = e.disclosed
 	if c.ArgsErr != nil {
@@ -314,7 +321,7 @@ func (e *eval) checkRuntime() *toolgate.Decision {
 	m := e.agent.modes[e.mode]
 	if m == nil {
 		d := e.deny(toolgate.CodeNoRuntimePolicy, toolgate.LayerRuntime,
-			fmt.Sprintf("runtime layer: agent %s has no RuntimePolicy for deployment mode %q, so no tool is active (fail closed); add one", e.agent.id, e.mode))
+			fmt.Sprintf("runtime layer: agent %s has no RuntimePolicy for deployment mode %q, so no tool is active (fail closed); add one", e.agent.id, e.modeOf()))
 		return &d
 	}
 	e.m = m
@@ -393,7 +400,7 @@ func (e *eval) checkInvoke() *toolgate.Decision {
 	if e.del != nil && len(e.del.invokeAll) == 0 && len(e.del.invoke[e.idx]) == 0 {
 		d := e.deny(toolgate.CodeRBACToolInvoke, toolgate.LayerGrant,
 			fmt.Sprintf("grant layer: delegation %s from %s does not include tool:invoke on %s (%s); a delegate never exceeds what it was handed: mint a delegation that includes it",
-				e.delID, pr.id, e.c.Tool, e.tool.ID))
+				e.del.delegation, pr.id, e.c.Tool, e.tool.ID))
 		return &d
 	}
 	return nil
@@ -438,33 +445,54 @@ func (e *eval) checkResources() *toolgate.Decision {
 		if e.del != nil && len(covering(e.del.resources[r.Type][act], r.Name, buf[:0])) == 0 {
 			d := e.deny(toolgate.CodeRBACResource, toolgate.LayerResource,
 				fmt.Sprintf("resource layer: delegation %s from %s does not include %s:%s on %s (the call touches it); a delegate never exceeds what it was handed",
-					e.delID, e.pr.id, r.Type, act, r.Name))
+					e.del.delegation, e.pr.id, r.Type, act, r.Name))
 			return &d
 		}
 	}
 	return nil
 }
 
+// modeOf is the call's deployment mode (e.mode's value, read again from
+// the call and the settings): a string loaded straight from the eval into
+// something that reaches the heap (a reason, CEL's variables) would move
+// the eval's call and varsCache to the heap with it, since the escape
+// analysis does not tell the eval's fields apart; what is read through
+// e.c, e.s or e.del does not.
+func (e *eval) modeOf() string {
+	if e.c.DeploymentMode != "" {
+		return e.c.DeploymentMode
+	}
+	return e.s.settings.DefaultDeploymentMode
+}
+
+// varsCache holds an eval's condition variables, built on first use.
+type varsCache struct{ vars *cond.Vars }
+
 func (e *eval) condVars() *cond.Vars {
-	if e.vars == nil {
+	if e.vc == nil {
+		e.vc = &varsCache{}
+	}
+	if e.vc.vars == nil {
 		var pv map[string]any
 		if e.pr != nil {
 			pv = e.pr.vars
 		} else {
 			pv = map[string]any{"id": e.c.Principal, "roles": []string{}}
 		}
-		e.vars = &cond.Vars{Args: e.c.Args, Principal: pv, Agent: e.agent.vars, Tool: e.tool.vars,
-			Environment: e.c.Environment, InstanceID: e.c.InstanceID, DeploymentMode: e.mode}
+		v := &cond.Vars{Args: e.c.Args, Principal: pv, Agent: e.agent.vars, Tool: e.tool.vars,
+			Environment: e.c.Environment, InstanceID: e.c.InstanceID, DeploymentMode: e.modeOf()}
 		if n := len(e.c.Resources) + len(e.c.Observed); n > 0 {
-			e.vars.Resources = make([]map[string]any, 0, n)
+			rs := make([]map[string]any, 0, n)
 			for _, list := range [2][]toolgate.Resource{e.c.Resources, e.c.Observed} {
 				for _, r := range list {
-					e.vars.Resources = append(e.vars.Resources, map[string]any{"type": r.Type, "name": r.Name, "action": resourceAction(r)})
+					rs = append(rs, map[string]any{"type": r.Type, "name": r.Name, "action": resourceAction(r)})
 				}
 			}
+			v.Resources = rs
 		}
+		e.vc.vars = v
 	}
-	return e.vars
+	return e.vc.vars
 }
 
 // anyHolds reports whether some grant's conditions all hold; err is the
@@ -582,39 +610,42 @@ func (e *eval) checkApproval() (*toolgate.Decision, bool) {
 			why = fmt.Sprintf("partner agent %s has trust tier provisional", partner)
 		}
 	}
-	if why == "" {
-		for _, p := range e.s.policies {
-			if !e.applies(p) {
-				continue
+	// Every applicable escalation rule is evaluated, even when the call
+	// needs approval already: a rule that cannot be evaluated denies, so
+	// another reason for approval (a stricter tier, say) never turns that
+	// denial into an approval prompt (docs/design.md, "Fail closed on
+	// anything missing").
+	for _, p := range e.s.policies {
+		if !e.applies(p) {
+			continue
+		}
+		pt := &p.perTool[e.idx]
+		if why == "" && p.requiresHuman {
+			why = fmt.Sprintf("ToolPolicy %s has requires_human_approval", p.name)
+		}
+		if why == "" && pt.escalate {
+			why = fmt.Sprintf("ToolPolicy %s escalation_rules match %s (%q)", p.name, e.tool.ID, pt.escalateWhy)
+		}
+		if len(pt.escalateIf) == 0 {
+			continue
+		}
+		if e.c.ToolLevel {
+			if why == "" {
+				why = fmt.Sprintf("ToolPolicy %s escalation_rules may match %s", p.name, e.tool.ID)
 			}
-			pt := &p.perTool[e.idx]
-			switch {
-			case p.requiresHuman:
-				why = fmt.Sprintf("ToolPolicy %s has requires_human_approval", p.name)
-			case pt.escalate:
-				why = fmt.Sprintf("ToolPolicy %s escalation_rules match %s (%q)", p.name, e.tool.ID, pt.escalateWhy)
-			case len(pt.escalateIf) > 0:
-				if e.c.ToolLevel {
-					why = fmt.Sprintf("ToolPolicy %s escalation_rules may match %s", p.name, e.tool.ID)
-					break
-				}
-				for _, prog := range pt.escalateIf {
-					ok, err := prog.Eval(e.condVars())
-					if err != nil {
-						// A rule that cannot be evaluated denies: it never
-						// becomes an approval prompt someone could click.
-						d := e.deny(toolgate.CodeConditionFailed, toolgate.LayerApproval,
-							fmt.Sprintf("approval layer: ToolPolicy %s escalation rule %s could not be evaluated for these arguments: %v (an evaluation error denies); fix the rule or the arguments", p.name, prog.Expr, err))
-						return &d, false
-					}
-					if ok {
-						why = fmt.Sprintf("ToolPolicy %s escalation rule %s matches", p.name, prog.Expr)
-						break
-					}
-				}
+			continue
+		}
+		for _, prog := range pt.escalateIf {
+			ok, err := prog.Eval(e.condVars())
+			if err != nil {
+				// A rule that cannot be evaluated denies: it never
+				// becomes an approval prompt someone could click.
+				d := e.deny(toolgate.CodeConditionFailed, toolgate.LayerApproval,
+					fmt.Sprintf("approval layer: ToolPolicy %s escalation rule %s could not be evaluated for these arguments: %v (an evaluation error denies); fix the rule or the arguments", p.name, prog.Expr, err))
+				return &d, false
 			}
-			if why != "" {
-				break
+			if ok && why == "" {
+				why = fmt.Sprintf("ToolPolicy %s escalation rule %s matches", p.name, prog.Expr)
 			}
 		}
 	}

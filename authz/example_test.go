@@ -127,3 +127,64 @@ func ExampleCompile() {
 	// compiled: false
 	// agents.yaml:5
 }
+
+// accessExampleBundle lets agent support read the docs upstream's guides
+// (a template entry) and its changelog (an exact URI, for a human to
+// approve), and get one prompt; user:alice holds the grants for them.
+const accessExampleBundle = `
+- {kind: Upstream, name: docs, transport: stdio, command: docs-server}
+- {kind: Tool, tool_id: tool:docs-search, side_effect_class: read, source: {mcp_server: docs}}
+- kind: Agent
+  agent_id: support
+  version: 1.0.0
+  tool_permissions:
+    - {tool_id: tool:docs-search, side_effect_class: read}
+  resource_permissions:
+    - {upstream: docs, uri: "file:///guides/{+path}"}
+    - {upstream: docs, uri: "file:///CHANGELOG.md", approval_tier: hitl}
+  prompt_permissions:
+    - {upstream: docs, prompt: summarize}
+- {kind: RuntimePolicy, agent_id: support, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}
+- kind: Principal
+  principal_id: user:alice
+  grants:
+    - {resource: tool, action: invoke, scope: all}
+    - {resource: mcp_resource, action: read, scope: {upstream: docs}}
+    - {resource: prompt, action: get, scope: {upstream: docs, prompt: summarize}}
+`
+
+// DecideAccess decides resources/read, resources/subscribe, prompts/get and
+// completion/complete like a tool call; Target names the ceiling entry
+// that was decided on, and AccessFilter filters lists by the same rule.
+func ExampleSnapshot_DecideAccess() {
+	b := &policy.Bundle{}
+	b.AddYAML("example.yaml", []byte(accessExampleBundle))
+	snap, _, err := authz.Compile(b, nil)
+	if err != nil {
+		panic(err)
+	}
+	read := func(uri string) *toolgate.Access {
+		return &toolgate.Access{Kind: toolgate.AccessResourceRead, AgentID: "support", Principal: "user:alice", Upstream: "docs", URI: uri}
+	}
+	for _, a := range []*toolgate.Access{
+		read("file:///guides/setup/linux.md"),
+		read("file:///guides/%2e%2e/secrets.env"),
+		read("file:///secrets.env"),
+		read("file:///CHANGELOG.md"),
+		{Kind: toolgate.AccessPromptGet, AgentID: "support", Principal: "user:alice", Upstream: "docs", Prompt: "summarize", PromptName: "docs_summarize"},
+		{Kind: toolgate.AccessPromptGet, AgentID: "support", Principal: "user:bob", Upstream: "docs", Prompt: "summarize", PromptName: "docs_summarize"},
+	} {
+		d := snap.DecideAccess(a)
+		fmt.Println(strings.TrimSpace(fmt.Sprintf("%-36s %-16s %-16s %s", a.URI+a.PromptName, d.Verdict, d.Code, d.Target)))
+	}
+	f := snap.AccessFilter(authz.Context{AgentID: "support", Principal: "user:alice"})
+	fmt.Println(f.Resource("docs", "file:///guides/a.md"), f.Resource("docs", "file:///secrets.env"), f.Template("docs", "file:///guides/{+path}"))
+	// Output:
+	// file:///guides/setup/linux.md        allow            ok               mcp_resource_template:docs.file:///guides/{+path}
+	// file:///guides/%2e%2e/secrets.env    deny             malformed_call
+	// file:///secrets.env                  deny             not_in_ceiling
+	// file:///CHANGELOG.md                 require_approval approval_required mcp_resource:docs."file:///CHANGELOG.md"
+	// docs_summarize                       allow            ok               prompt:docs.summarize
+	// docs_summarize                       deny             rbac_resource    prompt:docs.summarize
+	// true false true
+}

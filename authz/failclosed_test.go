@@ -100,3 +100,60 @@ func TestFailClosed(t *testing.T) {
 		}
 	}
 }
+
+// escalationBehindBundle has escalation rules whose evaluation fails for
+// calls that need approval for another reason already: a hitl tool, an MCP
+// write tool, a policy with requires_human_approval, a second policy after
+// one that escalates.
+const escalationBehindBundle = `
+- {kind: Upstream, name: up, transport: stdio, command: up-server}
+- {kind: Tool, tool_id: tool:t-hitl, side_effect_class: read}
+- {kind: Tool, tool_id: tool:up-write, side_effect_class: write, source: {mcp_server: up}}
+- {kind: Tool, tool_id: tool:t-human, side_effect_class: read}
+- {kind: Tool, tool_id: tool:t-two, side_effect_class: read}
+- kind: Agent
+  agent_id: a
+  version: 1.0.0
+  tool_permissions:
+    - {tool_id: tool:t-hitl, side_effect_class: read, approval_tier: hitl}
+    - {tool_id: tool:up-write, side_effect_class: write}
+    - {tool_id: tool:t-human, side_effect_class: read}
+    - {tool_id: tool:t-two, side_effect_class: read}
+- {kind: RuntimePolicy, agent_id: a, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}
+- kind: Principal
+  principal_id: user:p
+  grants: [{resource: tool, action: invoke, scope: all}]
+- kind: ToolPolicy
+  name: first
+  escalation_rules:
+    - {tools: [tool:t-two]}
+- kind: ToolPolicy
+  name: rules
+  escalation_rules:
+    - {tools: [tool:t-hitl, tool:up-write, tool:t-two], when: 'args.n > 100'}
+- kind: ToolPolicy
+  name: human
+  requires_human_approval: true
+  applies_to: {agents: [a]}
+  escalation_rules:
+    - {tools: [tool:t-human], when: 'args.n > 100'}
+`
+
+// TestFailClosedEscalationBehindOtherApproval: an escalation rule that
+// cannot be evaluated denies even when the call needs approval anyway (its
+// tier, the MCP write rule, requires_human_approval, an earlier rule), so
+// raising a tool's tier never turns such a denial into an approval prompt.
+func TestFailClosedEscalationBehindOtherApproval(t *testing.T) {
+	snap := snapshotOf(t, escalationBehindBundle, nil)
+	call := func(tool string, a map[string]any) toolgate.Call {
+		return toolgate.Call{AgentID: "a", Principal: "user:p", Tool: tool, Args: a}
+	}
+	var cases []decideCase
+	for _, tool := range []string{"t_hitl", "up_write", "t_human", "t_two"} {
+		id := "tool:" + strings.ReplaceAll(tool, "_", "-")
+		cases = append(cases,
+			decideCase{tool + " evaluable", call(tool, args("n", 1.0)), approval(id), nil},
+			decideCase{tool + " unevaluable", call(tool, args()), deny(toolgate.CodeConditionFailed, toolgate.LayerApproval, id), []string{"could not be evaluated"}})
+	}
+	runDecideCases(t, snap, cases)
+}

@@ -97,12 +97,13 @@ func (s *Snapshot) Resolve(ctx Context) Resolution {
 		call := toolgate.Call{AgentID: ctx.AgentID, DeploymentMode: mode, InstanceID: ctx.InstanceID,
 			Environment: ctx.Environment, Principal: ctx.Principal, Tool: t.ID, ToolLevel: true}
 		var trace []LayerResult
-		e := eval{s: s, c: &call, skipPrincipal: ctx.Principal == ""}
+		var vc varsCache
+		e := eval{s: s, c: &call, skipPrincipal: ctx.Principal == "", vc: &vc}
 		if d := ctx.Delegation; d != nil {
 			if d.snap != s || d.Delegator != ctx.Principal {
 				continue // not this snapshot's or principal's: disclose nothing through it
 			}
-			e.del, e.delID = d.info, d.ID
+			e.del = d.info
 		}
 		d := e.run(&trace)
 		st := ToolStatus{ToolID: t.ID, Name: t.Name, Layers: map[toolgate.Layer]string{}, ControlFlow: t.ControlFlow,

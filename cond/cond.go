@@ -13,6 +13,13 @@
 //	env        {environment, instance_id, deployment_mode}
 //	resources  [{type, name, action}]: what the call touches, as the
 //	           adapter reports it (a built-in tool's real files and tables)
+//	resource   for a resource access: {upstream, uri, template, action}
+//	           (uri as it is sent upstream, or the template's text when
+//	           template is true; action read, subscribe or complete);
+//	           empty otherwise
+//	prompt     for a prompt access: {upstream, name (the upstream's own),
+//	           visible_name (as the model sees it), action (get or
+//	           complete)}; empty otherwise
 //
 // Functions beyond standard CEL: clean_path(string) returns the path with
 // "." and ".." elements and repeated or trailing slashes resolved
@@ -64,6 +71,8 @@ func NewEnv() (*Env, error) {
 		cel.Variable("tool", dynMap),
 		cel.Variable("env", dynMap),
 		cel.Variable("resources", cel.ListType(dynMap)),
+		cel.Variable("resource", dynMap),
+		cel.Variable("prompt", dynMap),
 		cel.Function("clean_path", cel.Overload("clean_path_string", []*cel.Type{cel.StringType}, cel.StringType,
 			cel.UnaryBinding(func(v ref.Val) ref.Val {
 				s, ok := v.(types.String)
@@ -121,6 +130,9 @@ type Vars struct {
 	Args, Principal, Agent, Tool map[string]any
 	// Resources are the call's resources as {type, name, action} maps.
 	Resources []map[string]any
+	// Resource and Prompt describe a resource or prompt access (the
+	// package comment lists their keys); nil for a tool call.
+	Resource, Prompt map[string]any
 
 	Environment, InstanceID, DeploymentMode string
 }
@@ -139,6 +151,10 @@ func (v *Vars) ResolveName(name string) (any, bool) {
 		m = v.Agent
 	case "tool":
 		m = v.Tool
+	case "resource":
+		m = v.Resource
+	case "prompt":
+		m = v.Prompt
 	case "resources":
 		if v.Resources == nil {
 			return []map[string]any{}, true

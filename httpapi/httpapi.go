@@ -176,7 +176,7 @@ type ApprovalDecisionRequest struct {
 // there were none), for paging and polling.
 type AuditPage struct {
 	Events   []gate.AuditEvent `json:"events"`
-	NextFrom int64         `json:"next_from"`
+	NextFrom int64             `json:"next_from"`
 }
 
 type server struct {

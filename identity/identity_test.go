@@ -354,5 +354,5 @@ const rolesIssuer = "https://idp-roles.test/"
 // (a key the map cannot hold twice).
 func withExtraKey(claims map[string]any, member string) json.RawMessage {
 	b, _ := json.Marshal(claims)
-	return json.RawMessage(append(append([]byte(`{`+member+`,`), b[1:]...)))
+	return json.RawMessage(append([]byte(`{`+member+`,`), b[1:]...))
 }

@@ -35,7 +35,6 @@ import (
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
-
 )
 
 // DefaultPageSize is the default of Options.PageSize: the SDK's own.

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"reflect"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -76,6 +77,16 @@ type Agent struct {
 	CallableAsTool *bool `yaml:"callable_as_tool"`
 	// ToolPermissions is the capability ceiling: the hard upper bound.
 	ToolPermissions []ToolPermission `yaml:"tool_permissions"`
+	// ResourcePermissions is the ceiling of upstream resources the agent
+	// may reach (docs/design.md, "Resources and prompts"). Left out (nil),
+	// an upstream's resources are reachable when one of that upstream's
+	// tools is disclosed to the caller, and no mcp_resource grant is
+	// needed; declared, only the resources its entries cover are, and the
+	// principal needs an mcp_resource:read grant. An empty list
+	// (resource_permissions: []) declares that no resource is reachable.
+	ResourcePermissions []ResourcePermission `yaml:"resource_permissions"`
+	// PromptPermissions is the same for prompts (a prompt:get grant).
+	PromptPermissions []PromptPermission `yaml:"prompt_permissions"`
 	// Workspace is the folder the agent's fs.* tools reach (Wyrd).
 	Workspace string `yaml:"workspace"`
 	// CheckPosition marks an agent that judges others' work: it must be
@@ -90,6 +101,70 @@ type ToolPermission struct {
 	SideEffectClass string `yaml:"side_effect_class"`
 	// ApprovalTier is auto, policy (Policy Guard) or hitl (human). Default auto.
 	ApprovalTier string `yaml:"approval_tier"`
+}
+
+// ResourcePermission is one resource ceiling entry: the resources of one
+// upstream that one uri covers.
+type ResourcePermission struct {
+	Pos `yaml:"-"`
+	// Upstream is the upstream (an Upstream's name, or a Tool's
+	// source.mcp_server) whose resources the entry covers. Required.
+	Upstream string `yaml:"upstream"`
+	// URI is an exact URI, or an RFC 6570 template as the upstream lists
+	// it ("file:///docs/{+path}"), which covers the URIs it matches and
+	// that template itself (uris.go). Required.
+	URI string `yaml:"uri"`
+	// ApprovalTier is auto, policy (Policy Guard) or hitl (human). Default
+	// auto. When several entries cover an access, each one's tier applies
+	// (the Policy Guard judges it if one is policy, a human approves it if
+	// one is hitl).
+	ApprovalTier string `yaml:"approval_tier"`
+}
+
+// PromptPermission is one prompt ceiling entry: one prompt of one upstream.
+type PromptPermission struct {
+	Pos `yaml:"-"`
+	// Upstream is the upstream whose prompt it is. Required.
+	Upstream string `yaml:"upstream"`
+	// Prompt is the upstream's own name of the prompt (without the
+	// tool_prefix the model sees). Required.
+	Prompt string `yaml:"prompt"`
+	// ApprovalTier is auto, policy or hitl. Default auto.
+	ApprovalTier string `yaml:"approval_tier"`
+}
+
+// ResourceSelector selects upstream resources in a rule or a suspension:
+// every resource (and resource template) of Upstream, or, with URI, those
+// URI covers as a ResourcePermission's uri does.
+type ResourceSelector struct {
+	Pos      `yaml:"-"`
+	Upstream string `yaml:"upstream"`
+	URI      string `yaml:"uri"`
+}
+
+// String formats the selector as written.
+func (s ResourceSelector) String() string {
+	if s.URI == "" {
+		return "{upstream: " + s.Upstream + "}"
+	}
+	return "{upstream: " + s.Upstream + ", uri: " + s.URI + "}"
+}
+
+// PromptSelector selects upstream prompts in a rule or a suspension: every
+// prompt of Upstream, or, with Prompt, the one of that name (the
+// upstream's own).
+type PromptSelector struct {
+	Pos      `yaml:"-"`
+	Upstream string `yaml:"upstream"`
+	Prompt   string `yaml:"prompt"`
+}
+
+// String formats the selector as written.
+func (s PromptSelector) String() string {
+	if s.Prompt == "" {
+		return "{upstream: " + s.Upstream + "}"
+	}
+	return "{upstream: " + s.Upstream + ", prompt: " + s.Prompt + "}"
 }
 
 // RuntimePolicy restricts an agent's ceiling for one deployment mode (kind:
@@ -112,11 +187,14 @@ type ToolAuthorizationPolicy struct {
 	A2AToolPolicy   A2AToolPolicy `yaml:"a2a_tool_policy"`
 }
 
-// MCPToolPolicy governs MCP-backed tools.
+// MCPToolPolicy governs MCP-backed tools, and the resources and prompts
+// of MCP servers.
 type MCPToolPolicy struct {
-	// AllowedServers, when non-empty, is the only servers whose tools pass.
+	// AllowedServers, when non-empty, is the only servers whose tools,
+	// resources and prompts pass.
 	AllowedServers []string `yaml:"allowed_servers"`
-	// DeniedServers removes every tool of these servers.
+	// DeniedServers removes every tool, resource and prompt of these
+	// servers.
 	DeniedServers []string `yaml:"denied_servers"`
 	// MCPWriteApprovalRequired (default true) makes every MCP tool of class
 	// write or higher need approval.
@@ -146,6 +224,11 @@ type Instance struct {
 // EnvironmentOverride narrows the active set in one environment.
 type EnvironmentOverride struct {
 	ToolSuspensions []string `yaml:"tool_suspensions"`
+	// ResourceSuspensions make the resources they select unreachable in
+	// this environment.
+	ResourceSuspensions []ResourceSelector `yaml:"resource_suspensions"`
+	// PromptSuspensions make the prompts they select unreachable.
+	PromptSuspensions []PromptSelector `yaml:"prompt_suspensions"`
 }
 
 // Principal is a subject a call runs as (kind: Principal). Wyrd "Whose
@@ -170,28 +253,50 @@ type Role struct {
 }
 
 // Grant is {resource, action, scope}, optionally with a CEL condition.
-// resource "tool" with action "invoke" is the tool:invoke grant; any other
-// resource is checked against what a call touches (DESIGN.md §2 check 8).
+// resource "tool" with action "invoke" is the tool:invoke grant;
+// mcp_resource with action read lets the principal read and subscribe to
+// an upstream's resources, and prompt with action get lets it get an
+// upstream's prompts, for agents whose resource (prompt) ceiling is
+// declared (docs/design.md, "Resources and prompts"); any other resource
+// is checked against what a call touches (DESIGN.md §2 check 8).
 type Grant struct {
 	Pos      `yaml:"-"`
 	Resource string `yaml:"resource"`
 	Action   string `yaml:"action"`
 	Scope    Scope  `yaml:"scope"`
-	// When is a CEL expression over args, principal, agent, tool and env
-	// that must hold for the grant to apply.
+	// When is a CEL expression over args, principal, agent, tool, env,
+	// resource and prompt that must hold for the grant to apply.
 	When string `yaml:"when"`
 }
 
+// The resources and actions of resource and prompt grants.
+const (
+	ResourceMCPResource = "mcp_resource"
+	ActionRead          = "read"
+	ResourcePrompt      = "prompt"
+	ActionGet           = "get"
+)
+
 // Scope is "all", {tool: NAME} (an exact tool, any spelling that maps to
-// its id) or {name: NAME} (a resource name covering itself and the
-// dot-separated names below it).
+// its id), {name: NAME} (a resource name covering itself and the
+// dot-separated names below it), or, for the mcp_resource and prompt
+// resources, {upstream: U} (every resource or prompt of upstream U),
+// {upstream: U, uri: URI} (mcp_resource: the resources of U that URI, an
+// exact URI or a template, covers: uris.go) or {upstream: U, prompt: P}
+// (prompt: U's own prompt P). An upstream is its own field, never joined
+// into a name, so a scope of one upstream never covers another's.
 type Scope struct {
-	All  bool
-	Tool string
-	Name string
+	All      bool
+	Tool     string
+	Name     string
+	Upstream string
+	URI      string
+	Prompt   string
 }
 
-// UnmarshalYAML accepts "all", {tool: X} or {name: X}.
+const scopeShapes = `"all", {tool: NAME}, {name: NAME}, {upstream: U}, {upstream: U, uri: URI} or {upstream: U, prompt: NAME}`
+
+// UnmarshalYAML accepts the shapes Scope lists.
 func (s *Scope) UnmarshalYAML(n *yaml.Node) error {
 	switch n.Kind {
 	case yaml.ScalarNode:
@@ -199,27 +304,43 @@ func (s *Scope) UnmarshalYAML(n *yaml.Node) error {
 			*s = Scope{All: true}
 			return nil
 		}
-		return fmt.Errorf("line %d: scope %q: want \"all\", {tool: NAME} or {name: NAME}", n.Line, n.Value)
+		return fmt.Errorf("line %d: scope %q: want %s", n.Line, n.Value, scopeShapes)
 	case yaml.MappingNode:
 		var m struct {
-			Tool string `yaml:"tool"`
-			Name string `yaml:"name"`
+			Tool     string `yaml:"tool"`
+			Name     string `yaml:"name"`
+			Upstream string `yaml:"upstream"`
+			URI      string `yaml:"uri"`
+			Prompt   string `yaml:"prompt"`
 		}
 		for i := 0; i+1 < len(n.Content); i += 2 {
-			if k := n.Content[i].Value; k != "tool" && k != "name" {
-				return fmt.Errorf("line %d: scope: unknown field %q (want tool or name)", n.Content[i].Line, k)
+			switch k := n.Content[i].Value; k {
+			case "tool", "name", "upstream", "uri", "prompt":
+			default:
+				return fmt.Errorf("line %d: scope: unknown field %q (want tool, name, upstream, uri or prompt)", n.Content[i].Line, k)
 			}
 		}
 		if err := n.Decode(&m); err != nil {
 			return err
 		}
-		if (m.Tool == "") == (m.Name == "") {
-			return fmt.Errorf("line %d: scope: give exactly one of tool or name", n.Line)
+		kinds := 0
+		for _, v := range []string{m.Tool, m.Name, m.Upstream} {
+			if v != "" {
+				kinds++
+			}
 		}
-		*s = Scope{Tool: m.Tool, Name: m.Name}
+		switch {
+		case (m.URI != "" || m.Prompt != "") && m.Upstream == "":
+			return fmt.Errorf("line %d: scope: uri and prompt name something of an upstream: give upstream too", n.Line)
+		case kinds != 1:
+			return fmt.Errorf("line %d: scope: give exactly one of tool, name or upstream (want %s)", n.Line, scopeShapes)
+		case m.URI != "" && m.Prompt != "":
+			return fmt.Errorf("line %d: scope: give uri (an mcp_resource scope) or prompt (a prompt scope), not both", n.Line)
+		}
+		*s = Scope{Tool: m.Tool, Name: m.Name, Upstream: m.Upstream, URI: m.URI, Prompt: m.Prompt}
 		return nil
 	}
-	return fmt.Errorf("line %d: scope: want \"all\", {tool: NAME} or {name: NAME}", n.Line)
+	return fmt.Errorf("line %d: scope: want %s", n.Line, scopeShapes)
 }
 
 // String formats the scope as written.
@@ -231,12 +352,24 @@ func (s Scope) String() string {
 		return "{tool: " + s.Tool + "}"
 	case s.Name != "":
 		return "{name: " + s.Name + "}"
+	case s.Upstream != "" && s.URI != "":
+		return "{upstream: " + s.Upstream + ", uri: " + s.URI + "}"
+	case s.Upstream != "" && s.Prompt != "":
+		return "{upstream: " + s.Upstream + ", prompt: " + s.Prompt + "}"
+	case s.Upstream != "":
+		return "{upstream: " + s.Upstream + "}"
 	}
 	return "{}"
 }
 
+// Empty reports whether the scope names nothing (no shape was given).
+func (s Scope) Empty() bool { return s == Scope{} }
+
 // ToolPolicy holds AgentArea-style rules over tool ids (kind: ToolPolicy),
-// applied in DESIGN.md §2 checks 6, 9 and 11.
+// applied in DESIGN.md §2 checks 6, 9 and 11. Conditions, escalation rules
+// and Policy Guard rules may also select upstream resources and prompts
+// (resources, prompts), and requires_human_approval covers their accesses
+// too (docs/design.md, "Resources and prompts").
 type ToolPolicy struct {
 	Pos       `yaml:"-"`
 	Name      string    `yaml:"name"`
@@ -247,7 +380,8 @@ type ToolPolicy struct {
 	Allowed []string `yaml:"allowed"`
 	// EscalationRules send matching calls to approval.
 	EscalationRules []EscalationRule `yaml:"escalation_rules"`
-	// RequiresHumanApproval sends every call this policy applies to to approval.
+	// RequiresHumanApproval sends every call this policy applies to to
+	// approval, and every resource and prompt access of those agents.
 	RequiresHumanApproval bool `yaml:"requires_human_approval"`
 	// Conditions must hold for matching tools, or the call is denied.
 	Conditions []Condition `yaml:"conditions"`
@@ -266,14 +400,20 @@ type AppliesTo struct {
 }
 
 // EscalationRule is a tool glob, optionally with a CEL condition; written
-// as a plain string or as {tools: [...], when: EXPR}.
+// as a plain string or as {tools: [...], resources: [...], prompts: [...],
+// when: EXPR}.
 type EscalationRule struct {
 	Pos   `yaml:"-"`
 	Tools []string `yaml:"tools"`
-	When  string   `yaml:"when"`
+	// Resources and Prompts select the resource and prompt accesses the
+	// rule sends to approval, besides the calls of Tools.
+	Resources []ResourceSelector `yaml:"resources"`
+	Prompts   []PromptSelector   `yaml:"prompts"`
+	When      string             `yaml:"when"`
 }
 
-// UnmarshalYAML accepts a glob string or {tools, when}.
+// UnmarshalYAML accepts a glob string or {tools, resources, prompts, when},
+// strictly (an unknown field at any depth is an error).
 func (r *EscalationRule) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind == yaml.ScalarNode {
 		*r = EscalationRule{Tools: []string{n.Value}}
@@ -281,10 +421,8 @@ func (r *EscalationRule) UnmarshalYAML(n *yaml.Node) error {
 	}
 	type plain EscalationRule
 	var p plain
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if k := n.Content[i].Value; k != "tools" && k != "when" {
-			return fmt.Errorf("line %d: escalation rule: unknown field %q (want tools, when)", n.Content[i].Line, k)
-		}
+	if problems := checkFields(n, reflect.TypeFor[plain](), "escalation rule"); len(problems) > 0 {
+		return fmt.Errorf("line %d: %s", problems[0].line, problems[0].msg)
 	}
 	if err := n.Decode(&p); err != nil {
 		return err
@@ -293,22 +431,29 @@ func (r *EscalationRule) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// Condition is an argument condition: for calls of matching tools, When
-// must hold or the call is denied with Reason.
+// Condition is an argument condition: for calls of matching tools, and
+// accesses of matching resources and prompts, When must hold or the call
+// or access is denied with Reason.
 type Condition struct {
-	Pos    `yaml:"-"`
-	Tools  []string `yaml:"tools"`
-	When   string   `yaml:"when"`
-	Reason string   `yaml:"reason"`
+	Pos       `yaml:"-"`
+	Tools     []string           `yaml:"tools"`
+	Resources []ResourceSelector `yaml:"resources"`
+	Prompts   []PromptSelector   `yaml:"prompts"`
+	When      string             `yaml:"when"`
+	Reason    string             `yaml:"reason"`
 }
 
 // GuardRule is one Policy Guard rule: Effect is allow, deny or escalate.
+// It judges calls of Tools and accesses of Resources and Prompts whose
+// ceiling entry has approval_tier policy.
 type GuardRule struct {
-	Pos    `yaml:"-"`
-	Tools  []string `yaml:"tools"`
-	When   string   `yaml:"when"`
-	Effect string   `yaml:"effect"`
-	Reason string   `yaml:"reason"`
+	Pos       `yaml:"-"`
+	Tools     []string           `yaml:"tools"`
+	Resources []ResourceSelector `yaml:"resources"`
+	Prompts   []PromptSelector   `yaml:"prompts"`
+	When      string             `yaml:"when"`
+	Effect    string             `yaml:"effect"`
+	Reason    string             `yaml:"reason"`
 }
 
 // Settings holds bundle-wide settings (kind: Settings; at most one).

@@ -73,8 +73,23 @@ func fuzzSeeds(f *testing.F) [][]byte {
 		}
 		out = append(out, compact(f, &cf.Bundle))
 	}
+	// The resource and prompt shapes (authz's access bundle), one document
+	// per seed.
+	if data, err := os.ReadFile(filepath.Join("..", "authz", "testdata", "access", "bundle.yaml")); err == nil {
+		var docs yaml.Node
+		if err := yaml.Unmarshal(data, &docs); err != nil {
+			f.Fatal(err)
+		}
+		out = append(out, compact(f, &docs))
+		if len(docs.Content) == 1 {
+			for _, d := range docs.Content[0].Content {
+				out = append(out, compact(f, d))
+			}
+		}
+	}
 	return append(out,
 		[]byte("kind: Tool\ntool_id: tool:a-b\nside_effect_class: none\n"),
+		[]byte("- {kind: Upstream, name: u, transport: stdio, command: c}\n- {kind: Tool, tool_id: tool:u-x, side_effect_class: read, source: {mcp_server: u}}\n- {kind: Agent, agent_id: a, tool_permissions: [{tool_id: tool:u-x, side_effect_class: read}], resource_permissions: [{upstream: u, uri: 'f:///{+p}'}]}\n- {kind: RuntimePolicy, agent_id: a, deployment_mode: production, tool_authorization_policy: {active_tool_set: all}}\n"),
 		[]byte("- {kind: Tool, name: a.b, side_effect_class: read}\n- {kind: Tool, name: a_b, side_effect_class: read}\n"),
 		[]byte("kind: Tool\nkind: Agent\n"),
 		[]byte("- &a {kind: Tool}\n- *a\n"),
@@ -117,12 +132,28 @@ func FuzzBundleDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("Validate accepted the bundle but Compile failed: %v", err)
 		}
+		var ups []string
+		for _, u := range b.Upstreams {
+			ups = append(ups, u.Name)
+		}
 		for _, a := range snap.AgentIDs() {
 			res := snap.Resolve(authz.Context{AgentID: a})
 			for _, st := range res.Tools {
 				d := snap.Decide(&toolgate.Call{AgentID: a, Tool: st.ToolID, ToolLevel: true})
 				if d.Code == toolgate.CodeInternalError {
 					t.Fatalf("Decide(%s, %s): %s", a, st.ToolID, d.Reason)
+				}
+			}
+			for _, up := range ups {
+				for _, acc := range []toolgate.Access{
+					{Kind: toolgate.AccessResourceRead, URI: "file:///docs/a.md"},
+					{Kind: toolgate.AccessResourceComplete, URI: "file:///docs/{+path}", Template: true, Args: map[string]any{}},
+					{Kind: toolgate.AccessPromptGet, Prompt: "summarize", Args: map[string]any{"n": 1.0}},
+				} {
+					acc.AgentID, acc.Principal, acc.Upstream = a, "user:alice", up
+					if d := snap.DecideAccess(&acc); d.Code == toolgate.CodeInternalError {
+						t.Fatalf("DecideAccess(%s, %s %s): %s", a, acc.Kind, up, d.Reason)
+					}
 				}
 			}
 		}

@@ -363,7 +363,8 @@ func sortedKeys[V any](m map[string]V) []string {
 
 var posType = reflect.TypeFor[Pos]()
 
-// fillPos sets the Pos of every struct reachable from v to its node's line.
+// fillPos sets the Pos of every struct reachable from v to its node's
+// line, and makes every list field the node writes non-nil.
 func fillPos(n *yaml.Node, v reflect.Value, file string) {
 	for v.Kind() == reflect.Pointer {
 		if v.IsNil() {
@@ -382,7 +383,14 @@ func fillPos(n *yaml.Node, v reflect.Value, file string) {
 		fields := yamlFields(v.Type())
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			if sf, ok := fields[n.Content[i].Value]; ok {
-				fillPos(n.Content[i+1], v.FieldByIndex(sf.Index), file)
+				f := v.FieldByIndex(sf.Index)
+				if f.Kind() == reflect.Slice && f.IsNil() && f.CanSet() {
+					// A list written in the bundle is declared, even when
+					// it is empty or null ("resource_permissions:" with its
+					// last entry deleted declares none, never the default).
+					f.Set(reflect.MakeSlice(f.Type(), 0, 0))
+				}
+				fillPos(n.Content[i+1], f, file)
 			}
 		}
 	case reflect.Slice:

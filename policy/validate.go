@@ -121,6 +121,7 @@ func (b *Bundle) Validate(opts *ValidateOptions) *Report {
 	v.tools()
 	v.agents()
 	v.buildRefs()
+	v.accessCeilings()
 	v.runtimePolicies()
 	v.instances()
 	v.roles()
@@ -162,7 +163,8 @@ type validator struct {
 	roles_     map[string]*Role
 	principal_ map[string]*Principal
 	celEnv     *cond.Env
-	refs       *refs // references.go
+	refs       *refs                   // references.go
+	reach      map[string]*accessReach // agent id → what it can reach (access_validate.go)
 }
 
 // ToolIDOf returns the canonical id a Tool document declares: tool_id, or
@@ -298,8 +300,8 @@ func (v *validator) agents() {
 				}
 			}
 		}
-		if a.CheckPosition && (len(a.ToolPermissions) > 0 || a.Workspace != "") {
-			v.r.Errorf(a.Pos, "Agent %s is in a check position and must be tool-less: no tool_permissions and no workspace (registration refused)", a.AgentID)
+		if a.CheckPosition && (len(a.ToolPermissions) > 0 || a.Workspace != "" || len(a.ResourcePermissions) > 0 || len(a.PromptPermissions) > 0) {
+			v.r.Errorf(a.Pos, "Agent %s is in a check position and must be tool-less: no tool_permissions, resource_permissions, prompt_permissions or workspace (registration refused)", a.AgentID)
 		}
 		if hasFS && a.Workspace == "" {
 			v.r.Errorf(a.Pos, "Agent %s has a filesystem tool but no workspace (registration refused: add workspace)", a.AgentID)
@@ -439,6 +441,9 @@ func (v *validator) instances() {
 		seen[in.InstanceID] = in
 		pool, _ := v.refs.ceilingPool(nil, false)
 		for _, env := range sortedKeys(in.EnvironmentOverrides) {
+			o := in.EnvironmentOverrides[env]
+			v.checkSelectors(in.Pos, fmt.Sprintf("Instance %s: environment %s: resource_suspensions/prompt_suspensions", in.InstanceID, env),
+				o.ResourceSuspensions, o.PromptSuspensions, nil, true)
 			for _, id := range in.EnvironmentOverrides[env].ToolSuspensions {
 				switch {
 				case !toolid.Valid(id):
@@ -489,10 +494,14 @@ func (v *validator) checkGrants(pos Pos, owner string, grants []Grant) {
 			v.r.Errorf(gp, "%s: resource and action are exact names (a wildcard is written scope: all)", where)
 			continue
 		}
-		if !g.Scope.All && g.Scope.Tool == "" && g.Scope.Name == "" {
-			v.r.Errorf(gp, "%s: scope is required (all, {tool: NAME} or {name: NAME})", where)
+		if g.Scope.Empty() {
+			v.r.Errorf(gp, "%s: scope is required (%s)", where, scopeShapes)
 		}
-		v.checkGrantScope(gp, where, g)
+		if g.Scope.Upstream != "" || g.Resource == ResourceMCPResource || g.Resource == ResourcePrompt {
+			v.checkAccessGrantScope(gp, where, g)
+		} else {
+			v.checkGrantScope(gp, where, g)
+		}
 		v.checkWhen(gp, where+" when", g.When)
 	}
 }
@@ -610,8 +619,29 @@ func ScopeCovers(outer, inner Scope) bool {
 		return err1 == nil && err2 == nil && a == b
 	case outer.Name != "" && inner.Name != "":
 		return NameCovers(outer.Name, inner.Name)
+	case outer.Upstream != "" && inner.Upstream != "":
+		return upstreamScopeCovers(outer, inner)
 	}
 	return false
+}
+
+// upstreamScopeCovers is ScopeCovers for two {upstream, ...} scopes: the
+// same upstream, and a whole upstream covers its every resource and prompt;
+// a uri covers a uri it covers (URIPattern.Covers); a prompt only itself.
+func upstreamScopeCovers(outer, inner Scope) bool {
+	switch {
+	case outer.Upstream != inner.Upstream:
+		return false
+	case outer.URI == "" && outer.Prompt == "":
+		return true
+	case outer.Prompt != "":
+		return inner.Prompt == outer.Prompt && inner.URI == ""
+	case inner.URI == "":
+		return false
+	}
+	o, err1 := CompileURIPattern(outer.URI)
+	i, err2 := CompileURIPattern(inner.URI)
+	return err1 == nil && err2 == nil && o.Covers(i)
 }
 
 // NameCovers reports whether a grant on resource name scope covers name:
@@ -673,19 +703,21 @@ func (v *validator) toolPolicies() {
 				pos = tp.Pos
 			}
 			field := fmt.Sprintf("escalation_rules[%d]", i)
-			if len(e.Tools) == 0 {
-				v.r.Errorf(pos, "%s: %s names no tools", where, field)
+			if len(e.Tools)+len(e.Resources)+len(e.Prompts) == 0 {
+				v.r.Errorf(pos, "%s: %s names no tools, resources or prompts", where, field)
 			}
 			checkGlobs(pos, field, e.Tools)
 			refsOf(pos, field, e.Tools, false, true)
+			v.checkSelectors(pos, where+": "+field, e.Resources, e.Prompts, agents, true)
 			v.checkWhen(pos, fmt.Sprintf("%s: %s when", where, field), e.When)
 		}
 		for i, c := range tp.Conditions {
 			pos := c.Pos
 			field := fmt.Sprintf("conditions[%d]", i)
-			if len(c.Tools) == 0 {
-				v.r.Errorf(pos, "%s: %s names no tools", where, field)
+			if len(c.Tools)+len(c.Resources)+len(c.Prompts) == 0 {
+				v.r.Errorf(pos, "%s: %s names no tools, resources or prompts", where, field)
 			}
+			v.checkSelectors(pos, where+": "+field, c.Resources, c.Prompts, agents, true)
 			if c.When == "" {
 				v.r.Errorf(pos, "%s: %s has no when", where, field)
 			}
@@ -699,10 +731,11 @@ func (v *validator) toolPolicies() {
 			if g.Effect != "allow" && g.Effect != "deny" && g.Effect != "escalate" {
 				v.r.Errorf(pos, "%s: %s: effect %q must be allow, deny or escalate", where, field, g.Effect)
 			}
-			if len(g.Tools) == 0 {
-				v.r.Errorf(pos, "%s: %s names no tools", where, field)
+			if len(g.Tools)+len(g.Resources)+len(g.Prompts) == 0 {
+				v.r.Errorf(pos, "%s: %s names no tools, resources or prompts", where, field)
 			}
 			checkGlobs(pos, field, g.Tools)
+			v.checkSelectors(pos, where+": "+field, g.Resources, g.Prompts, agents, g.Effect != "allow")
 			// A deny or escalate rule that never applies lets the calls
 			// it was for through to an earlier allow rule or to a
 			// human; an allow rule that never applies only asks more.
@@ -738,8 +771,14 @@ func (v *validator) settings() {
 	}
 	for _, s := range v.b.Settings {
 		for _, id := range s.ControlFlowTools {
-			if v.tools_[id] == nil {
+			t := v.tools_[id]
+			switch {
+			case t == nil:
 				v.r.Errorf(s.Pos, "Settings: control_flow_tools entry %s is not a declared Tool%s", id, didYouMean(id, sortedKeys(v.tools_)))
+			case t.Source != (ToolSource{}) || t.A2AAgent != "":
+				// As for control_flow: true (tools()): a control-flow tool
+				// is never gated, because it reaches no external system.
+				v.r.Errorf(s.Pos, "Settings: control_flow_tools entry %s has a source or a2a_agent, but a control-flow tool reaches no external system (it is never gated by policy, grants or approval); remove it from control_flow_tools", id)
 			}
 		}
 		for _, o := range s.AllowedOrigins {

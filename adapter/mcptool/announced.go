@@ -73,4 +73,3 @@ func classFromAnnotations(a *mcp.ToolAnnotations) toolgate.SideEffectClass {
 	}
 	return toolgate.SideEffectWrite
 }
-
