@@ -410,6 +410,10 @@ type Access struct {
 	// for kinds with arguments (HasArgs) conditions and conditional rules
 	// are not judged; approval does not deny.
 	ToolLevel bool
+	// Now is when the access is decided (the enforcement point's clock):
+	// a delegation that expired by then grants nothing. The core reads no
+	// clock of its own.
+	Now time.Time
 }
 
 // Decision is the answer for one call. The zero value denies.

@@ -35,6 +35,7 @@ package authz
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/cond"
@@ -59,7 +60,40 @@ func (s *Snapshot) DecideAccess(a *toolgate.Access) (d toolgate.Decision) {
 		return accessInternal("no policy snapshot loaded (fail closed)")
 	}
 	e := accessEval{s: s, a: *a}
-	return e.run()
+	return e.disclose(e.run())
+}
+
+// disclose sets d.Disclosed, as Decide does for a call: the access's
+// tool-level decision (what the lists show) does not deny, so a refusal
+// came from its arguments or its approval, and the caller may be told it.
+// A refusal of an access that is not disclosed is answered as if the
+// resource or prompt did not exist.
+func (e *accessEval) disclose(d toolgate.Decision) toolgate.Decision {
+	switch {
+	case d.Verdict != toolgate.Deny:
+		d.Disclosed = true
+	case e.a.ToolLevel || !e.a.Kind.HasArgs() || d.Layer == toolgate.LayerInternal:
+		// The tool-level decision is this one (it denied).
+	default:
+		tl := accessEval{s: e.s, a: e.a, del: e.del, delID: e.delID, quiet: true}
+		tl.a.ToolLevel, tl.a.Args, tl.a.ArgsErr = true, nil, nil
+		d.Disclosed = tl.run().Verdict != toolgate.Deny
+	}
+	return d
+}
+
+// expired is the refusal of an access made under delegation d at now, or
+// nil while d holds.
+func expired(d *Delegation, now time.Time, target string) *toolgate.Decision {
+	if now.Before(d.ExpiresAt) && d.err == nil {
+		return nil
+	}
+	reason := fmt.Sprintf("grant layer: %s expired at %s, so it grants nothing; mint a new one", d.ID, d.ExpiresAt.UTC().Format(time.RFC3339))
+	if d.err != nil {
+		reason = fmt.Sprintf("grant layer: the grants of %s cannot be applied (fail closed): %v; mint a new token", d.ID, d.err)
+	}
+	return &toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeRBACResource, Layer: toolgate.LayerGrant,
+		Reason: reason, EventType: toolgate.EventUnauthorized, SideEffectClass: toolgate.SideEffectRead, Target: target}
 }
 
 // DecideAccessDelegated decides an access made under a delegation, as
@@ -79,7 +113,12 @@ func (s *Snapshot) DecideAccessDelegated(a *toolgate.Access, d *Delegation) (out
 		}
 	}()
 	e := accessEval{s: s, a: *a, del: d.info, delID: d.ID}
-	return e.run()
+	out = e.disclose(e.run())
+	if x := expired(d, a.Now, out.Target); x != nil && out.Verdict != toolgate.Deny {
+		// An expired delegation discloses nothing (as in Resolve).
+		out = *x
+	}
+	return out
 }
 
 func accessInternal(reason string) toolgate.Decision {
@@ -209,7 +248,7 @@ func (e *accessEval) checkComposition() *toolgate.Decision {
 				return malformed("%v; use the template exactly as the upstream lists it", err)
 			}
 		} else if err := policy.CheckResourceURI(a.URI); err != nil {
-			return malformed("%v (its decoding could change which path the upstream reads); send the URI in the form the upstream lists it, without such escapes or segments", err)
+			return malformed("%v; the decision judges a URI exactly as the upstream will resolve it, so one whose decoding could change its path, or that has a second spelling, is refused: send it in the one form the upstream lists", err)
 		}
 	case a.Kind.IsPrompt():
 		if a.Prompt == "" {
@@ -791,13 +830,13 @@ type AccessFilter struct {
 
 // AccessFilter returns a filter for the identity ctx names (with its
 // Delegation, if any: a delegation of another snapshot or principal shows
-// nothing). Unlike Resolve, an empty Principal is not "every principal":
+// nothing, as does one that expired by ctx.Now). Unlike Resolve, an empty Principal is not "every principal":
 // it holds no grant, as in DecideAccess.
 func (s *Snapshot) AccessFilter(ctx Context) *AccessFilter {
 	f := &AccessFilter{s: s, del: ctx.Delegation, reach: map[string]*reachResult{},
 		base: toolgate.Access{AgentID: ctx.AgentID, DeploymentMode: ctx.DeploymentMode, InstanceID: ctx.InstanceID,
 			Environment: ctx.Environment, Principal: ctx.Principal, ToolLevel: true}}
-	if d := ctx.Delegation; d != nil && (d.snap != s || d.Delegator != ctx.Principal) {
+	if d := ctx.Delegation; d != nil && (d.snap != s || d.Delegator != ctx.Principal || expired(d, ctx.Now, "") != nil) {
 		f.none = true
 	}
 	return f

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -211,8 +212,12 @@ func TestDecideAccessResources(t *testing.T) {
 			accessDeny(toolgate.CodeNotInCeiling, toolgate.LayerCeiling, ""), []string{"for upstream hr"}},
 		{"an upstream the ceiling does not name", read("reader", al, "wiki", "wiki://home"),
 			accessDeny(toolgate.CodeNotInCeiling, toolgate.LayerCeiling, ""), []string{"none for upstream wiki"}},
-		{"another case is another URI", read("reader", al, "docs", "FILE:///docs/x"),
+		{"another case of the path is another URI", read("reader", al, "docs", "file:///DOCS/x"),
 			accessDeny(toolgate.CodeNotInCeiling, toolgate.LayerCeiling, ""), nil},
+		{"an uppercase scheme is a second spelling", read("reader", al, "docs", "FILE:///docs/x"),
+			accessDeny(toolgate.CodeMalformedCall, toolgate.LayerComposition, ""), []string{"one spelling"}},
+		{"an escaped unreserved character is a second spelling", read("reader", al, "docs", "file:///docs/%78"),
+			accessDeny(toolgate.CodeMalformedCall, toolgate.LayerComposition, ""), []string{"unreserved"}},
 		{"an empty declared ceiling reaches nothing", read("none", "user:carol", "docs", "file:///docs/x"),
 			accessDeny(toolgate.CodeNotInCeiling, toolgate.LayerCeiling, ""), nil},
 
@@ -550,5 +555,75 @@ func TestAccessTargetsInjective(t *testing.T) {
 		if got := policy.ScopeCovers(c.outer, c.inner); got != c.want {
 			t.Errorf("ScopeCovers(%s, %s) = %v, want %v", c.outer, c.inner, got, c.want)
 		}
+	}
+}
+
+// TestDecideAccessDisclosed: an access's decision says whether the
+// resource or prompt is disclosed (its tool-level access does not deny),
+// so a refusal of an access the lists hide is answered as if it did not
+// exist, and one the lists show names its layer.
+func TestDecideAccessDisclosed(t *testing.T) {
+	snap := accessSnapshot(t)
+	al := "user:alice"
+	cases := []struct {
+		name   string
+		access toolgate.Access
+		want   bool
+	}{
+		{"an allowed read", read("reader", al, "docs", "file:///docs/a.md"), true},
+		{"a read needing approval", read("reader", al, "docs", "file:///docs/secret/a"), true},
+		{"a read outside the ceiling", read("reader", al, "docs", "file:///other"), false},
+		{"a read without a grant", read("reader", "user:bob", "docs", "file:///docs/a.md"), false},
+		{"a read a condition refuses (no arguments: the list hides it too)", read("reader", al, "hr", "hr://salaries/ceo"), false},
+		{"a prompt its arguments refuse", prompt("reader", al, "docs", "summarize", map[string]any{"style": "leak"}), true},
+		{"a prompt outside the ceiling, whatever its arguments", prompt("reader", al, "docs", "other", map[string]any{"style": "leak"}), false},
+		{"a prompt without a grant", prompt("reader", "user:bob", "docs", "summarize", nil), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			a := c.access
+			d := snap.DecideAccess(&a)
+			if d.Disclosed != c.want {
+				t.Errorf("Disclosed = %v, want %v (%s %s: %s)", d.Disclosed, c.want, d.Verdict, d.Code, d.Reason)
+			}
+			f := snap.AccessFilter(authz.Context{AgentID: a.AgentID, Principal: a.Principal})
+			if shown := f.Decide(a).Verdict != toolgate.Deny; shown != c.want {
+				t.Errorf("the list shows it: %v, but Disclosed should agree (%v)", shown, c.want)
+			}
+		})
+	}
+}
+
+// TestDecideAccessDelegationExpiry: an access under a delegation that
+// expired at the access's Now is refused at the grant layer and
+// disclosed nothing; an AccessFilter for it shows nothing.
+func TestDecideAccessDelegationExpiry(t *testing.T) {
+	snap := accessSnapshot(t)
+	end := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	del, err := snap.CompileDelegation("dlg_x", "user:alice", "agent:helper", []policy.Grant{
+		{Resource: "mcp_resource", Action: "read", Scope: policy.Scope{Upstream: "docs"}},
+	}, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := read("reader", "user:alice", "docs", "file:///docs/a.md")
+	a.Now = end.Add(-time.Second)
+	if d := snap.DecideAccessDelegated(&a, del); d.Verdict != toolgate.Allow {
+		t.Fatalf("before expiry: %s %s", d.Verdict, d.Reason)
+	}
+	a.Now = end
+	d := snap.DecideAccessDelegated(&a, del)
+	if d.Verdict != toolgate.Deny || d.Layer != toolgate.LayerGrant || d.Disclosed || !strings.Contains(d.Reason, "expired") {
+		t.Errorf("at expiry: %s %s %s disclosed=%v: %s", d.Verdict, d.Code, d.Layer, d.Disclosed, d.Reason)
+	}
+	for _, now := range []time.Time{end, end.Add(time.Hour)} {
+		f := snap.AccessFilter(authz.Context{AgentID: "reader", Principal: "user:alice", Delegation: del, Now: now})
+		if f.Resource("docs", "file:///docs/a.md") {
+			t.Errorf("an AccessFilter at %s shows a resource through an expired delegation", now)
+		}
+	}
+	f := snap.AccessFilter(authz.Context{AgentID: "reader", Principal: "user:alice", Delegation: del, Now: end.Add(-time.Minute)})
+	if !f.Resource("docs", "file:///docs/a.md") {
+		t.Errorf("an AccessFilter before expiry hides the resource")
 	}
 }

@@ -38,7 +38,11 @@ const MaxURILen = 8 << 10
 // UTF-8, or holds something percent-decoding or path resolution could turn
 // into another path: a control character, a '\', a '{' or '}' (a template,
 // not a URI), a malformed percent escape, an escape that decodes to '/',
-// '\', '.', '%' or a control character, or a "." or ".." path segment.
+// '\', '.', '%' or a control character, or a "." or ".." path segment; or
+// that has a second spelling RFC 3986 normalization makes equal to it (an
+// escaped unreserved character, lowercase hex in an escape, an uppercase
+// letter in the scheme or host), so that an exact entry, a selector or a
+// suspension sees every URI in its one spelling.
 func CheckResourceURI(uri string) error {
 	if err := checkURIText(uri, false); err != nil {
 		return fmt.Errorf("resource URI %.200q is refused: %w", uri, err)
@@ -83,8 +87,19 @@ func checkURIText(uri string, template bool) error {
 			switch b := unhex(uri[i+1])<<4 | unhex(uri[i+2]); {
 			case b == '/' || b == '\\' || b == '.' || b == '%' || b < 0x20 || b == 0x7f:
 				return fmt.Errorf("it holds %q, an escape that decodes to a character that changes the path (%q)", uri[i:i+3], rune(b))
+			case unreserved(b):
+				// RFC 3986 6.2.2.2: an escaped unreserved character is the
+				// character itself, so the URI has a second spelling that
+				// an exact entry, a selector or a suspension would not see.
+				return fmt.Errorf("it holds %q, an escape of the unreserved character %q (write %q: a URI has one spelling here)", uri[i:i+3], rune(b), rune(b))
+			case isLowerHex(uri[i+1]) || isLowerHex(uri[i+2]):
+				// RFC 3986 6.2.2.1: %3a and %3A are the same octet.
+				return fmt.Errorf("it holds %q, a percent escape with lowercase hex digits (write %q: a URI has one spelling here)", uri[i:i+3], strings.ToUpper(uri[i:i+3]))
 			}
 		}
+	}
+	if err := checkSchemeAndHost(uri); err != nil {
+		return err
 	}
 	rest := uri
 	if i := strings.IndexAny(rest, "?#"); i >= 0 {
@@ -100,6 +115,48 @@ func checkURIText(uri string, template bool) error {
 		if seg == "." || seg == ".." {
 			return fmt.Errorf("it holds a %q path segment", seg)
 		}
+	}
+	return nil
+}
+
+// unreserved reports whether b is an RFC 3986 unreserved character
+// (ALPHA / DIGIT / "-" / "." / "_" / "~").
+func unreserved(b byte) bool {
+	return ('a' <= b && b <= 'z') || ('A' <= b && b <= 'Z') || ('0' <= b && b <= '9') || b == '-' || b == '.' || b == '_' || b == '~'
+}
+
+func isLowerHex(c byte) bool { return 'a' <= c && c <= 'f' }
+
+// checkSchemeAndHost refuses the spellings RFC 3986 6.2.2.1 makes equal to
+// another: a scheme or a host with an uppercase letter (FILE:///x is
+// file:///x). The scheme is the text before the first ':' when it is one
+// (ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )); the host is what follows
+// "//" up to the next '/', '?' or '#' (userinfo and port included).
+func checkSchemeAndHost(uri string) error {
+	colon := strings.IndexByte(uri, ':')
+	if colon <= 0 {
+		return nil
+	}
+	scheme := uri[:colon]
+	for i := 0; i < len(scheme); i++ {
+		c := scheme[i]
+		if !(('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z') || (i > 0 && (('0' <= c && c <= '9') || c == '+' || c == '-' || c == '.'))) {
+			return nil // not a scheme: the ':' is part of a path
+		}
+	}
+	if strings.ToLower(scheme) != scheme {
+		return fmt.Errorf("its scheme %q has an uppercase letter (write %q: a URI has one spelling here)", scheme, strings.ToLower(scheme))
+	}
+	rest := uri[colon+1:]
+	if !strings.HasPrefix(rest, "//") {
+		return nil
+	}
+	host := rest[2:]
+	if i := strings.IndexAny(host, "/?#"); i >= 0 {
+		host = host[:i]
+	}
+	if strings.ToLower(host) != host {
+		return fmt.Errorf("its authority %q has an uppercase letter (write %q: a URI has one spelling here)", host, strings.ToLower(host))
 	}
 	return nil
 }

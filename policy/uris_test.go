@@ -36,6 +36,17 @@ func TestCheckResourceURI(t *testing.T) {
 		{"invalid UTF-8", "file:///docs/\xc3", "UTF-8"},
 		{"a template's brace", "file:///docs/{x}", "template"},
 		{"too long", "file:///" + strings.Repeat("a", policy.MaxURILen), "longer than"},
+		{"escaped unreserved letter", "file:///docs/%73ecret", "unreserved"},
+		{"escaped tilde", "file:///docs/%7Ejo", "unreserved"},
+		{"escaped digit", "file:///docs/%31", "unreserved"},
+		{"lowercase hex", "file:///docs/a%3ab", "lowercase hex"},
+		{"uppercase hex reserved", "file:///docs/a%3Ab", ""},
+		{"uppercase scheme", "FILE:///docs/secret", "scheme"},
+		{"mixed-case scheme", "File:///docs/secret", "scheme"},
+		{"uppercase host", "https://Wiki.example/home", "authority"},
+		{"a colon in a path is no scheme", "notes/a:b", ""},
+		{"an urn", "urn:isbn:0451450523", ""},
+		{"uppercase path is kept", "file:///Docs/A.md", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
