@@ -240,59 +240,88 @@ const MaxPendingApprovals = 50
 // approvalStep uses a matching approval (the decision core then allows the
 // call: it is decided again, with the approval) or creates a pending one.
 func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Call, snap *authz.Snapshot, d toolgate.Decision, out *Outcome) toolgate.Decision {
+	q := approvalQuery{id: req.Identity, target: d.ToolID, name: req.Tool, argsDigest: out.ArgsDigest, args: out.CanonicalArgs,
+		correlationID: out.CorrelationID, what: "call",
+		redecide: func() toolgate.Decision {
+			call.Approved = true
+			return g.decide(snap, call, req.Identity)
+		}}
+	d, out.ApprovalID, out.ApprovalExpires = g.approve(ctx, snap, q, d)
+	return d
+}
+
+// approvalQuery is what approve needs of a decision that requires
+// approval: who asked, what exactly (the binding's target and argument
+// digest; name and args are shown to the approver), and how to decide it
+// again once an approval is found.
+type approvalQuery struct {
+	id            Identity
+	target        string // the binding's ToolID: a tool id, or an access's target (access.go)
+	name          string
+	argsDigest    string
+	args          []byte
+	correlationID string
+	what          string // "call" or "access", for reasons
+	redecide      func() toolgate.Decision
+}
+
+// approve uses a matching approval (q.redecide then decides with it) or
+// finds or creates the pending one for d, a require_approval decision.
+// It returns the decision and the approval used or pending ("" for none).
+func (g *Gate) approve(ctx context.Context, snap *authz.Snapshot, q approvalQuery, d toolgate.Decision) (toolgate.Decision, string, time.Time) {
 	store := g.opts.Approvals
 	if store == nil {
-		d.Reason += " (this gateway has no approval store, so the call cannot be approved here)"
-		return d
+		d.Reason += fmt.Sprintf(" (this gateway has no approval store, so the %s cannot be approved here)", q.what)
+		return d, "", time.Time{}
 	}
-	mode := req.DeploymentMode
+	id := q.id
+	mode := id.DeploymentMode
 	if mode == "" {
 		mode = snap.Settings().DefaultDeploymentMode
 	}
-	b := approval.Binding{Principal: req.Principal, AgentID: req.AgentID, InstanceID: req.InstanceID,
-		Environment: req.Environment, DeploymentMode: mode, ToolID: d.ToolID, ArgsDigest: out.ArgsDigest}
-	requester := requestedBy(req.Identity)
-	if req.Anonymous {
+	b := approval.Binding{Principal: id.Principal, AgentID: id.AgentID, InstanceID: id.InstanceID,
+		Environment: id.Environment, DeploymentMode: mode, ToolID: q.target, ArgsDigest: q.argsDigest}
+	requester := requestedBy(id)
+	if id.Anonymous {
 		// Every anonymous client has the same identity: an approval is the
 		// one client's that asked, bound to its MCP session, and a client
 		// without a session (the JSON API) cannot hold one at all.
-		if req.Session == "" {
-			d.Reason += " (not queued: an anonymous caller without an MCP session cannot be told from another anonymous caller, so it can neither ask for nor use an approval; call over /mcp, whose session the approval is bound to, or with a credential)"
-			return d
+		if id.Session == "" {
+			d.Reason += fmt.Sprintf(" (not queued: an anonymous caller without an MCP session cannot be told from another anonymous caller, so it can neither ask for nor use an approval; make the %s over /mcp, whose session the approval is bound to, or with a credential)", q.what)
+			return d, "", time.Time{}
 		}
-		requester = fmt.Sprintf("%s (anonymous MCP session %s)", requester, req.Session)
+		requester = fmt.Sprintf("%s (anonymous MCP session %s)", requester, id.Session)
 	}
-	if requester != req.Principal {
+	if requester != id.Principal {
 		b.Requester = requester // a delegate's (an anonymous session's) approval is its own
 	}
 	now := g.now()
-	if a, ok, err := store.ConsumeApproval(ctx, b.Digest(), now, out.CorrelationID); err != nil {
+	if a, ok, err := store.ConsumeApproval(ctx, b.Digest(), now, q.correlationID); err != nil {
 		g.log.Error("consume approval", "err", err)
 	} else if ok {
-		call.Approved = true
-		ad := g.decide(snap, call, req.Identity)
+		ad := q.redecide()
 		if ad.Verdict == toolgate.Allow {
-			out.ApprovalID = a.ID
 			ad.Reason = fmt.Sprintf("allowed with approval %s (approved by %s)", a.ID, a.DecidedBy)
-			return ad
+			return ad, a.ID, time.Time{}
 		}
 		// The policy changed since: the approval is spent, the new decision stands.
-		return ad
+		return ad, "", time.Time{}
 	}
 	// One look at the pending approvals, under g.pendingMu (so concurrent
-	// calls of this gateway cannot slip past the cap together):
-	//   - the same call asked again while its approval is pending gets that
-	//     approval, not another: repeating a call cannot flood the approvers;
-	//   - nor can varying the arguments: the calls made with one principal's
-	//     authority (its own and its delegates', whatever their names) have
-	//     at most MaxPendingApprovals waiting per agent; past that a call is
-	//     not queued.
+	// requests of this gateway cannot slip past the cap together):
+	//   - the same request asked again while its approval is pending gets
+	//     that approval, not another: repeating it cannot flood the
+	//     approvers;
+	//   - nor can varying the arguments: the requests made with one
+	//     principal's authority (its own and its delegates', whatever their
+	//     names) have at most MaxPendingApprovals waiting per agent; past
+	//     that a request is not queued.
 	g.pendingMu.Lock()
 	defer g.pendingMu.Unlock()
 	all, err := store.ListApprovals(ctx, approval.Filter{Status: []approval.Status{approval.StatusPending}})
 	if err != nil {
 		d.Reason += fmt.Sprintf(" (not queued: the pending approvals cannot be counted: %v)", err)
-		return d
+		return d, "", time.Time{}
 	}
 	digest, n := b.Digest(), 0
 	for _, a := range all {
@@ -300,17 +329,16 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 			continue
 		}
 		if a.BindingDigest == digest {
-			out.ApprovalID, out.ApprovalExpires = a.ID, a.ExpiresAt
 			d.Reason = fmt.Sprintf("%s; approval %s is pending until %s", d.Reason, a.ID, a.ExpiresAt.Format(time.RFC3339))
-			return d
+			return d, a.ID, a.ExpiresAt
 		}
-		if a.Binding.Principal == req.Principal && a.Binding.AgentID == req.AgentID {
+		if a.Binding.Principal == id.Principal && a.Binding.AgentID == id.AgentID {
 			n++
 		}
 	}
 	if n >= MaxPendingApprovals {
-		d.Reason += fmt.Sprintf(" (not queued: %d approvals are pending for calls of agent %s with the authority of %s, the most allowed; wait for them to be decided or to expire)", n, req.AgentID, req.Principal)
-		return d
+		d.Reason += fmt.Sprintf(" (not queued: %d approvals are pending for agent %s with the authority of %s, the most allowed; wait for them to be decided or to expire)", n, id.AgentID, id.Principal)
+		return d, "", time.Time{}
 	}
 	ttl := g.opts.ApprovalTTL
 	if ttl == 0 {
@@ -321,20 +349,18 @@ func (g *Gate) approvalStep(ctx context.Context, req Request, call *toolgate.Cal
 	}
 	a, err := approval.NewApproval(b, requester, now, ttl)
 	if err == nil {
-		a.CorrelationID = out.CorrelationID
-		a.ToolName = req.Tool
-		a.AgentVersion = snap.AgentVersion(req.AgentID)
-		a.Args = out.CanonicalArgs
+		a.CorrelationID = q.correlationID
+		a.ToolName = q.name
+		a.AgentVersion = snap.AgentVersion(id.AgentID)
+		a.Args = q.args
 		err = store.CreateApproval(ctx, a)
 	}
 	if err != nil {
 		d.Reason += fmt.Sprintf(" (the approval could not be stored: %v)", err)
-		return d
+		return d, "", time.Time{}
 	}
-	out.ApprovalID = a.ID
-	out.ApprovalExpires = a.ExpiresAt
 	d.Reason = fmt.Sprintf("%s; approval %s is pending until %s", d.Reason, a.ID, a.ExpiresAt.Format(time.RFC3339))
-	return d
+	return d, a.ID, a.ExpiresAt
 }
 
 // maxNameInEvent bounds the tool name as called in an event (a 100 KB
