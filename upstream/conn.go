@@ -29,9 +29,14 @@ type conn struct {
 	cs   *mcp.ClientSession
 	pid  int // stdio: the server's pid, which is also its process group id
 	done chan struct{}
-	// probe (capacity 1) asks the supervisor to ping the session: a call
-	// failed in a way that suggests the server is gone.
+	// probe (capacity 1) asks for a health check now: a request on the
+	// session failed (see failed).
 	probe chan struct{}
+	// ctx is the session's life in the supervisor: cancelled, with the
+	// reason as its cause, by a failed health check, when serve is done
+	// with the session, or when the Manager closes.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 	// waitErr is cs.Wait's result; read only after done is closed.
 	waitErr error
 	// httpClient and endpoint are a streamable-http session's own client
@@ -58,7 +63,8 @@ func (c *conn) lost(err error) bool {
 	}
 }
 
-// suspect asks the supervisor to check the session (non-blocking).
+// suspect asks for a health check of the session now (non-blocking; a
+// check already asked for and not yet started absorbs it).
 func (c *conn) suspect() {
 	select {
 	case c.probe <- struct{}{}:
@@ -121,6 +127,7 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	c := &conn{cs: cs, done: make(chan struct{}), probe: make(chan struct{}, 1), httpClient: hc}
+	c.ctx, c.cancel = context.WithCancelCause(u.m.ctx)
 	if hc != nil {
 		c.endpoint = u.cfg.URL
 	}
