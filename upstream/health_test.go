@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,5 +316,64 @@ func TestHealthChecksDoNotPileUp(t *testing.T) {
 	time.Sleep(5 * pc.delay)
 	if got := pc.total.Load(); got != after {
 		t.Errorf("%d pings after Close, want none", got-after)
+	}
+}
+
+// TestHealthCheckStdio: a stdio upstream that holds back its answer to a
+// ping while it keeps sending (its output queued behind other messages) is
+// busy, not gone, and stays up; one that holds it back and sends nothing
+// (hung, though its process runs) is reported down within HealthInterval +
+// HealthTimeout, and its call in flight fails with ErrDown.
+func TestHealthCheckStdio(t *testing.T) {
+	t.Parallel()
+	const interval, timeout = 50 * time.Millisecond, 500 * time.Millisecond
+	tests := []struct {
+		name     string
+		tool     string
+		ms       int
+		wantDown bool
+	}{
+		{name: "busy and sending stays up", tool: "busy", ms: 1500},
+		{name: "hung and silent goes down", tool: "mute", ms: 30000, wantDown: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			st := newStates()
+			g := newGate()
+			cfg := upstream.Config{
+				Name:      "busy",
+				Transport: upstream.TransportStdio,
+				Command:   testenv.NodeBin(t),
+				Args:      []string{filepath.Join("testdata", "busy-server.js")},
+			}
+			m := start(t, []upstream.Config{cfg}, &upstream.Options{
+				OnState: st.on, HealthInterval: interval, HealthTimeout: timeout, Sleep: g.sleep,
+			})
+			callErr := make(chan error, 1)
+			go func() {
+				res, err := m.CallTool(context.Background(), "busy", &mcp.CallToolParams{Name: tc.tool, Arguments: map[string]any{"ms": tc.ms}})
+				if err == nil && text(t, res) != "done" {
+					err = errors.New("answer " + text(t, res))
+				}
+				callErr <- err
+			}()
+			if !tc.wantDown {
+				if err := <-callErr; err != nil {
+					t.Fatalf("call %s: %v", tc.tool, err)
+				}
+				if n := st.count(upstream.StateDown); n != 0 {
+					t.Errorf("OnState reported down %d times while the upstream was busy sending", n)
+				}
+				return
+			}
+			if !st.waitFor(upstream.StateDown, 1, interval+timeout+slack) {
+				t.Fatalf("OnState did not report the hung upstream down within %s", interval+timeout+slack)
+			}
+			if err := <-callErr; !errors.Is(err, upstream.ErrDown) {
+				t.Errorf("call in flight on the hung upstream = %v, want ErrDown", err)
+			}
+			g.nextDelay(t) // the restart is scheduled with the backoff
+		})
 	}
 }

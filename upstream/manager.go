@@ -183,10 +183,13 @@ type Options struct {
 	// error, which the upstream answered, nor the caller's cancellation)
 	// triggers a check at once. Failures while a check runs are answered by
 	// at most one more check: one check is in flight per upstream at any
-	// time. A check fails when the ping gets no answer within the timeout
-	// or the request cannot reach the server (a JSON-RPC error, from a
-	// server without ping, counts as an answer); the upstream is then marked
-	// down (OnState) and restarted with the backoff below. A stdio
+	// time. A check fails when the request cannot reach the server, or
+	// when the ping gets no answer within the timeout and nothing else was
+	// received from the upstream meanwhile (a JSON-RPC error, from a server
+	// without ping, counts as an answer; bytes still arriving mean busy, not
+	// gone: a stdio server's answer to the ping can wait behind a large
+	// result on the same pipe); the upstream is then marked down (OnState)
+	// and restarted with the backoff below. A stdio
 	// upstream's exit is seen at once, without a check. Checks use real
 	// timers, not Sleep. 0 means DefaultHealthInterval.
 	HealthInterval time.Duration
@@ -910,17 +913,24 @@ func (u *upstream) watch(c *conn) {
 
 // ping checks that the session still answers, within Options.HealthTimeout
 // (and the upstream's call timeout). A JSON-RPC error (a server without
-// ping) counts as an answer.
+// ping) counts as an answer, and so does, when no answer came in time, the
+// upstream having sent anything meanwhile: it is busy, not gone (a stdio
+// server's answer to the ping waits behind the large results it is
+// writing on the same pipe).
 func (u *upstream) ping(ctx context.Context, c *conn) error {
 	timeout := min(u.m.opts.HealthTimeout, u.cfg.callTimeout())
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	before := c.g.received.Load()
 	err := c.cs.Ping(ctx, nil)
 	switch {
 	case err == nil || answered(err):
 		return nil
+	case errors.Is(err, context.DeadlineExceeded) && c.g.received.Load() != before:
+		u.log.Debug("upstream ping not answered in time, but the upstream is sending", "timeout", timeout)
+		return nil
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("no answer to ping within %s: %w", timeout, err)
+		return fmt.Errorf("no answer to ping within %s, and nothing else received: %w", timeout, err)
 	default:
 		return err
 	}
