@@ -36,6 +36,12 @@ const (
 	DefaultBackoffBase = 500 * time.Millisecond
 	// DefaultBackoffMax caps the restart delay when Options.BackoffMax is 0.
 	DefaultBackoffMax = 30 * time.Second
+	// DefaultHealthInterval is how often an upstream that is up is checked
+	// when Options.HealthInterval is 0.
+	DefaultHealthInterval = 5 * time.Second
+	// DefaultHealthTimeout bounds one health check when
+	// Options.HealthTimeout is 0.
+	DefaultHealthTimeout = 2 * time.Second
 )
 
 // Config describes one upstream MCP server. It is plain data; New validates

@@ -27,11 +27,17 @@ const stopGrace = 2 * time.Second
 // conn is one live session with an upstream.
 type conn struct {
 	cs   *mcp.ClientSession
-	pid  int // stdio: the server's pid, which is also its process group id
+	g    *guard // checks what the upstream sends; counts the bytes
+	pid  int    // stdio: the server's pid, which is also its process group id
 	done chan struct{}
-	// probe (capacity 1) asks the supervisor to ping the session: a call
-	// failed in a way that suggests the server is gone.
+	// probe (capacity 1) asks for a health check now: a request on the
+	// session failed (see failed).
 	probe chan struct{}
+	// ctx is the session's life in the supervisor: cancelled, with the
+	// reason as its cause, by a failed health check, when serve is done
+	// with the session, or when the Manager closes.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 	// waitErr is cs.Wait's result; read only after done is closed.
 	waitErr error
 	// httpClient and endpoint are a streamable-http session's own client
@@ -58,7 +64,8 @@ func (c *conn) lost(err error) bool {
 	}
 }
 
-// suspect asks the supervisor to check the session (non-blocking).
+// suspect asks for a health check of the session now (non-blocking; a
+// check already asked for and not yet started absorbs it).
 func (c *conn) suspect() {
 	select {
 	case c.probe <- struct{}{}:
@@ -82,6 +89,7 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 		t   mcp.Transport
 		cmd *exec.Cmd
 		hc  *http.Client
+		g   *guard
 	)
 	switch u.cfg.Transport {
 	case TransportStdio:
@@ -96,7 +104,8 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 		// Own process group, so that Close can kill the server and anything
 		// it started.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		t = &stdioTransport{cmd: cmd, g: newGuard(u)}
+		g = newGuard(u)
+		t = &stdioTransport{cmd: cmd, g: g}
 	case TransportStreamableHTTP:
 		headers := make(http.Header, len(u.cfg.Headers))
 		for _, k := range sortedKeys(u.cfg.Headers) {
@@ -107,7 +116,8 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 			headers.Set(k, v)
 		}
 		base := http.DefaultTransport.(*http.Transport).Clone()
-		hc = &http.Client{Transport: &guardTransport{base: &headerTransport{base: base, headers: headers}, g: newGuard(u)}}
+		g = newGuard(u)
+		hc = &http.Client{Transport: &guardTransport{base: &headerTransport{base: base, headers: headers}, g: g}}
 		t = &mcp.StreamableClientTransport{Endpoint: u.cfg.URL, HTTPClient: hc}
 	default:
 		return nil, fmt.Errorf("transport %q not supported", u.cfg.Transport)
@@ -120,7 +130,8 @@ func (u *upstream) dial(ctx context.Context) (*conn, error) {
 		}
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	c := &conn{cs: cs, done: make(chan struct{}), probe: make(chan struct{}, 1), httpClient: hc}
+	c := &conn{cs: cs, g: g, done: make(chan struct{}), probe: make(chan struct{}, 1), httpClient: hc}
+	c.ctx, c.cancel = context.WithCancelCause(u.m.ctx)
 	if hc != nil {
 		c.endpoint = u.cfg.URL
 	}

@@ -75,9 +75,19 @@ func (d *Direct) WithTimeout(ctx context.Context) (context.Context, context.Canc
 // to the upstream's own request) on the session, with the headers the
 // streamable HTTP transport requires and the upstream's configured ones.
 // The caller reads and closes the response body. A status other than 200
-// and 202 is returned as an error (404: the session is gone, which has the
-// supervisor check and restart it).
+// and 202 is returned as an error (404: the session is gone, wrapping
+// ErrDown). Every failure but the caller's cancellation (a network error, a
+// timeout, such a status) has the session checked at once
+// (Options.HealthInterval), which restarts it if it is gone.
 func (d *Direct) Post(ctx context.Context, body []byte) (*http.Response, error) {
+	resp, err := d.post(ctx, body)
+	if failed(ctx, err) {
+		d.c.suspect()
+	}
+	return resp, err
+}
+
+func (d *Direct) post(ctx context.Context, body []byte) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.c.endpoint, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -96,7 +106,6 @@ func (d *Direct) Post(ctx context.Context, body []byte) (*http.Response, error) 
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusNotFound && d.SessionID != "" {
-		d.c.suspect()
 		return nil, fmt.Errorf("%w: the upstream no longer knows session %s (HTTP 404): %s", ErrDown, d.SessionID, bytes.TrimSpace(msg))
 	}
 	return nil, fmt.Errorf("the upstream answered HTTP %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
@@ -104,8 +113,17 @@ func (d *Direct) Post(ctx context.Context, body []byte) (*http.Response, error) 
 
 // Resume reopens a call's SSE stream that the upstream closed before
 // answering (SEP-1699): a GET with Last-Event-ID, as the SDK client does.
-// The caller reads and closes the response body.
+// The caller reads and closes the response body. A failure has the
+// session checked as for Post.
 func (d *Direct) Resume(ctx context.Context, lastEventID string) (*http.Response, error) {
+	resp, err := d.resume(ctx, lastEventID)
+	if failed(ctx, err) {
+		d.c.suspect()
+	}
+	return resp, err
+}
+
+func (d *Direct) resume(ctx context.Context, lastEventID string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.c.endpoint, nil)
 	if err != nil {
 		return nil, err

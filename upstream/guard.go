@@ -79,6 +79,10 @@ type guard struct {
 	maxResult  *atomic.Int64 // shared with the Manager: SetMaxResultBytes
 	maxMessage int
 	onRefused  func(name, reason string)
+	// received counts the bytes of messages received from the upstream
+	// (stdio lines, SSE event data, JSON bodies): a health check whose
+	// ping is not answered in time sees whether the upstream is sending.
+	received atomic.Int64
 
 	mu      sync.Mutex
 	pending map[jsonrpc.ID]string // method of each request sent and not answered
@@ -285,6 +289,7 @@ func (f *frame) limit() int {
 // write adds the next bytes of the message.
 func (f *frame) write(p []byte) {
 	f.n += len(p)
+	f.g.received.Add(int64(len(p)))
 	f.sc.feed(p)
 	if f.skip {
 		return

@@ -50,7 +50,8 @@ var (
 	// restarting); the error also carries the last connection error.
 	ErrDown = errors.New("upstream is down")
 	// ErrCallTimeout: the upstream did not answer a call within its
-	// Config.CallTimeout. The upstream stays up.
+	// Config.CallTimeout. The upstream stays up unless the health check
+	// this triggers fails (Options.HealthInterval).
 	ErrCallTimeout = errors.New("upstream call timed out")
 	// ErrClosed: the Manager was closed.
 	ErrClosed = errors.New("upstream manager closed")
@@ -170,6 +171,32 @@ type Options struct {
 	// up for at least BackoffMax resets the sequence. 0 means
 	// DefaultBackoffBase / DefaultBackoffMax.
 	BackoffBase, BackoffMax time.Duration
+	// HealthInterval is how often each upstream that is up is checked
+	// without waiting for traffic: an MCP ping on its session, bounded by
+	// HealthTimeout. The next check starts HealthInterval after the last
+	// one ended, so a session that stopped answering is marked down within
+	// HealthInterval + HealthTimeout (7 s by default) with no request made.
+	// Any request through the session that fails without an answer from
+	// the upstream (a tools/call, resources/read, prompts/get, a list call,
+	// a ping, a notification, a Direct post: a network error, a timeout, a
+	// lost stream, an HTTP status other than 200 and 202; not a JSON-RPC
+	// error, which the upstream answered, nor the caller's cancellation)
+	// triggers a check at once. Failures while a check runs are answered by
+	// at most one more check: one check is in flight per upstream at any
+	// time. A check fails when the request cannot reach the server, or
+	// when the ping gets no answer within the timeout and nothing else was
+	// received from the upstream meanwhile (a JSON-RPC error, from a server
+	// without ping, counts as an answer; bytes still arriving mean busy, not
+	// gone: a stdio server's answer to the ping can wait behind a large
+	// result on the same pipe); the upstream is then marked down (OnState)
+	// and restarted with the backoff below. A stdio
+	// upstream's exit is seen at once, without a check. Checks use real
+	// timers, not Sleep. 0 means DefaultHealthInterval.
+	HealthInterval time.Duration
+	// HealthTimeout bounds one health check's ping, and is itself bounded by
+	// the upstream's Config.CallTimeout; 0 means DefaultHealthTimeout.
+	HealthTimeout time.Duration
+
 	// Sleep waits d or until ctx is done (then it returns ctx.Err()); nil
 	// means a timer. Tests inject one to control restarts without waiting.
 	Sleep func(ctx context.Context, d time.Duration) error
@@ -254,6 +281,12 @@ func New(cfgs []Config, opts *Options) (*Manager, error) {
 	}
 	if o.BackoffMax < o.BackoffBase {
 		o.BackoffMax = o.BackoffBase
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = DefaultHealthInterval
+	}
+	if o.HealthTimeout <= 0 {
+		o.HealthTimeout = DefaultHealthTimeout
 	}
 	if o.Sleep == nil {
 		o.Sleep = sleepTimer
@@ -416,7 +449,9 @@ func (m *Manager) Tools(name string) ([]*mcp.Tool, bool) {
 // prompts, completions, logging/setLevel, ping). It fails with
 // ErrUnknownUpstream, ErrDown or ErrClosed. The session may die at any
 // moment; its calls then fail with an error wrapping mcp.ErrConnectionClosed
-// and the Manager restarts the upstream. Do not close it.
+// or a network error, and the Manager restarts the upstream: every failed
+// request on the session has it checked at once (Options.HealthInterval).
+// Do not close it.
 func (m *Manager) Session(name string) (*mcp.ClientSession, error) {
 	u, err := m.lookup(name)
 	if err != nil {
@@ -487,7 +522,13 @@ func noArguments(args any) bool {
 
 // callError classifies an error of a call made on c with cctx (derived from
 // the caller's ctx with the call timeout).
+//
+// Every failure but the upstream's own JSON-RPC error and the caller's
+// cancellation has the session checked at once (Options.HealthInterval).
 func (u *upstream) callError(c *conn, method, tool string, ctx, cctx context.Context, timeout time.Duration, err error) error {
+	if failed(ctx, err) {
+		c.suspect()
+	}
 	var rpcErr *jsonrpc.Error
 	switch {
 	case ctx.Err() != nil:
@@ -503,8 +544,7 @@ func (u *upstream) callError(c *conn, method, tool string, ctx, cctx context.Con
 		}
 		// The server died mid-call, or the request did not reach it (an
 		// HTTP upstream that is gone: the SDK keeps such a session for a
-		// while in case of a blip). Have the supervisor check it now.
-		c.suspect()
+		// while in case of a blip). The check asked for above decides.
 		return fmt.Errorf("upstream %q: %s %q: %w: connection lost: %w", u.cfg.Name, method, tool, ErrDown, err)
 	case errors.As(err, &rpcErr) && !rejectedLocally(rpcErr):
 		return rpcErr
@@ -631,6 +671,19 @@ func (u *upstream) newClient() *mcp.Client {
 		co.ElicitationCompleteHandler = func(ctx context.Context, r *mcp.ElicitationCompleteNotificationRequest) { f(ctx, name, r) }
 	}
 	c := mcp.NewClient(o.ClientInfo, co)
+	// Every request sent on a session, whoever sends it (CallTool, the
+	// proxy's pass-through of resources, prompts and lists through
+	// Session, the Manager's own listings), has the session checked when it
+	// fails.
+	c.AddSendingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			res, err := next(ctx, method, req)
+			if failed(ctx, err) {
+				u.suspectSession(req.GetSession())
+			}
+			return res, err
+		}
+	})
 	listRoots, elicit := o.ListRoots, o.Elicit
 	if listRoots != nil || elicit != nil {
 		// Answered in middleware: the SDK client's own elicitation handler
@@ -768,8 +821,19 @@ func (u *upstream) connect(ctx context.Context) (*conn, error) {
 }
 
 // serve waits for the session to end (returning why) or the Manager to
-// close (returning nil), re-listing tools when asked to.
+// close (returning nil), re-listing tools when asked to. The session's
+// health checks run in a goroutine of their own (watch), so that a slow
+// re-listing never delays them; serve waits for it before returning.
 func (u *upstream) serve(ctx context.Context, c *conn) error {
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		u.watch(c)
+	}()
+	defer func() {
+		c.cancel(errSessionEnded)
+		<-watched
+	}()
 	for {
 		select {
 		case <-c.done:
@@ -780,20 +844,25 @@ func (u *upstream) serve(ctx context.Context, c *conn) error {
 			u.setState(StateDown, err)
 			c.close()
 			return err
-		case <-c.probe:
-			if err := u.ping(ctx, c); err != nil {
-				err = fmt.Errorf("connection lost: ping after a failed call: %w", err)
-				u.setState(StateDown, err)
+		case <-c.ctx.Done():
+			if ctx.Err() != nil {
 				c.close()
-				return err
+				return nil
 			}
+			// A health check failed.
+			err := context.Cause(c.ctx)
+			u.setState(StateDown, err)
+			c.close()
+			return err
 		case <-u.refresh:
-			lctx, cancel := context.WithTimeout(ctx, u.cfg.callTimeout())
+			// Bounded by the session's context too: a failed health check
+			// ends the listing at once.
+			lctx, cancel := context.WithTimeout(c.ctx, u.cfg.callTimeout())
 			tools, err := listTools(lctx, c.cs)
 			cancel()
 			if err != nil {
 				u.log.Warn("upstream tools/list after list_changed failed", "err", err)
-				continue // if the session died, c.done fires next
+				continue // if the session died, c.done or c.ctx fires next
 			}
 			u.storeTools(tools)
 		case <-ctx.Done():
@@ -803,20 +872,92 @@ func (u *upstream) serve(ctx context.Context, c *conn) error {
 	}
 }
 
-// probeTimeout bounds the ping that checks a suspect session.
-const probeTimeout = 5 * time.Second
+// errSessionEnded cancels a session's context once serve is done with it.
+var errSessionEnded = errors.New("session ended")
 
-// ping checks that the session still answers. A JSON-RPC error (a server
-// without ping) counts as an answer.
-func (u *upstream) ping(ctx context.Context, c *conn) error {
-	ctx, cancel := context.WithTimeout(ctx, min(probeTimeout, u.cfg.callTimeout()))
-	defer cancel()
-	err := c.cs.Ping(ctx, nil)
-	var rpcErr *jsonrpc.Error
-	if err == nil || (errors.As(err, &rpcErr) && !rejectedLocally(rpcErr) && !unreachable(err)) {
-		return nil
+// watch checks the session c every Options.HealthInterval, and at once when
+// a failed request asks for it (c.probe), until the session's context is
+// done (serve returned, the Manager closed) or the session ended. Checks
+// are sequential: one in flight per session, and serve waits for watch
+// before the next session starts, so one per upstream. No lock is held
+// while a check waits. A failed check cancels the session's context with
+// the reason, which has serve mark the upstream down and restart it.
+func (u *upstream) watch(c *conn) {
+	every := u.m.opts.HealthInterval
+	t := time.NewTimer(every)
+	defer t.Stop()
+	for {
+		var why string
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-c.done:
+			return // serve reports the session's end
+		case <-t.C:
+			why = "periodic"
+		case <-c.probe:
+			why = "after a failed request"
+		}
+		err := u.ping(c.ctx, c)
+		if c.ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			u.log.Warn("upstream health check failed", "check", why, "err", err)
+			c.cancel(fmt.Errorf("connection lost: health check (%s) failed: %w", why, err))
+			return
+		}
+		t.Reset(every)
 	}
-	return err
+}
+
+// ping checks that the session still answers, within Options.HealthTimeout
+// (and the upstream's call timeout). A JSON-RPC error (a server without
+// ping) counts as an answer, and so does, when no answer came in time, the
+// upstream having sent anything meanwhile: it is busy, not gone (a stdio
+// server's answer to the ping waits behind the large results it is
+// writing on the same pipe).
+func (u *upstream) ping(ctx context.Context, c *conn) error {
+	timeout := min(u.m.opts.HealthTimeout, u.cfg.callTimeout())
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	before := c.g.received.Load()
+	err := c.cs.Ping(ctx, nil)
+	switch {
+	case err == nil || answered(err):
+		return nil
+	case errors.Is(err, context.DeadlineExceeded) && c.g.received.Load() != before:
+		u.log.Debug("upstream ping not answered in time, but the upstream is sending", "timeout", timeout)
+		return nil
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("no answer to ping within %s, and nothing else received: %w", timeout, err)
+	default:
+		return err
+	}
+}
+
+// answered reports whether err, from a request to an upstream, is the
+// upstream's own JSON-RPC error: proof that it is there and answering.
+func answered(err error) bool {
+	var rpcErr *jsonrpc.Error
+	return errors.As(err, &rpcErr) && !rejectedLocally(rpcErr) && !unreachable(err)
+}
+
+// failed reports whether err, from a request made with ctx, is a failure
+// that calls for a health check: any error but the upstream's own JSON-RPC
+// error and the caller's cancellation.
+func failed(ctx context.Context, err error) bool {
+	return err != nil && !answered(err) && !errors.Is(ctx.Err(), context.Canceled)
+}
+
+// suspectSession asks for a health check of cs if it is the live session.
+func (u *upstream) suspectSession(cs mcp.Session) {
+	u.mu.Lock()
+	c := u.live
+	u.mu.Unlock()
+	if c != nil && mcp.Session(c.cs) == cs {
+		c.suspect()
+	}
 }
 
 // storeTools caches tools and calls OnChange if they differ from the cache.
