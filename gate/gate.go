@@ -134,6 +134,8 @@ type Gate struct {
 	discCache map[Identity]*Disclosure
 
 	dlg delegationCache // delegations compiled per snapshot (delegation.go)
+	// routes resolves the owners of accesses (access.go: SetRoutes).
+	routes atomic.Pointer[Routes]
 
 	// pendingMu serializes counting and creating pending approvals
 	// (approvalStep, MaxPendingApprovals).

@@ -123,3 +123,20 @@ var (
 	ErrApprovalExpired    = approval.ErrExpired
 	ErrApprovalInvalid    = approval.ErrInvalid
 )
+
+// Reachable returns the upstreams at least one of whose tools is
+// disclosed to id: those whose log messages and logging level may reach
+// it (mcpproxy's pass-through of logging/setLevel and
+// notifications/message). It is derived from Disclose, the core's
+// resolution, and decides nothing of its own.
+func (g *Gate) Reachable(id Identity) map[string]bool {
+	disc := g.Disclose(id)
+	snap := g.Snapshot()
+	out := map[string]bool{}
+	for toolID := range disc.Disclosed {
+		if t, ok := snap.Tool(toolID); ok && t.MCPServer != "" {
+			out[t.MCPServer] = true
+		}
+	}
+	return out
+}

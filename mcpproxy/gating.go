@@ -1,18 +1,19 @@
 package mcpproxy
 
-// Pass-through is not a way around disclosure: a client reaches the
-// resources, resource templates, prompts and completions of an upstream
-// only when at least one of that upstream's tools is disclosed to it (the
-// agent is composed with the upstream and authorized for part of it).
-// Anything else looks exactly as if it did not exist.
+// Pass-through is not a way around the gate: resources/read,
+// resources/subscribe, prompts/get and completion/complete are each one
+// access, routed, decided, recorded and forwarded by gate.HandleAccess
+// (docs/design.md, "Resources and prompts"), and the items of
+// resources/list, resources/templates/list and prompts/list are shown by
+// the same decision at tool level (gate.AccessFilter). Whatever is not
+// disclosed to the caller looks exactly as if it did not exist.
 //
-// The check and the routing are one choice, made once: the gateway
-// resolves which upstream owns a URI, a prompt or a completion reference
-// (ownerOfURI, the rule below), checks that the caller may reach that
-// upstream, and forwards the request to exactly that upstream itself. The
-// SDK's own routing (its resource and template matching) is never used
-// for resources/read, resources/subscribe, prompts/get or
-// completion/complete.
+// The relay is the gate's Routes: the routing and the forwarding are one
+// choice, made once. The gateway resolves which upstream owns a URI, a
+// prompt or a completion reference (ResourceOwner, the rule below), the
+// decision is made for that upstream, and the access is forwarded to
+// exactly that upstream. The SDK's own routing (its resource and template
+// matching) is never used.
 //
 // The owner of a resource URI:
 //
@@ -25,12 +26,10 @@ package mcpproxy
 //     gateway logs it);
 //  3. else, the one upstream that declares resources, if exactly one does.
 //
-// Whatever has no owner, or an owner the caller may not reach, is
-// "Resource not found", the same answer for all. A URI that percent-
-// decoding could turn into another path (an encoded "/", "\", "." or "%",
-// NUL or another control character, a raw "\", a "." or ".." segment, a
-// malformed escape, invalid UTF-8) is refused before any of this, so an
-// upstream cannot read a different path than the one that was matched.
+// A URI that percent-decoding could turn into another path, or that has a
+// second spelling (policy.CheckResourceURI), has no owner either, and the
+// decision refuses it for its form, so an upstream cannot read a
+// different path than the one that was decided.
 
 import (
 	"bytes"
@@ -38,28 +37,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/yosida95/uritemplate/v3"
 
+	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/gate"
+	"github.com/toolgate/toolgate/policy"
 )
-
-// reachable returns the upstreams the identity may reach through
-// pass-through.
-func (p *Proxy) reachable(id gate.Identity) map[string]bool {
-	disc := p.disclose(id)
-	snap := p.g.Snapshot()
-	out := map[string]bool{}
-	for toolID := range disc.Disclosed {
-		if t, ok := snap.Tool(toolID); ok && t.MCPServer != "" {
-			out[t.MCPServer] = true
-		}
-	}
-	return out
-}
 
 // disclose is gate.Disclose for the identity without its session (the
 // disclosure does not depend on it, and one cache entry per credential
@@ -69,51 +55,28 @@ func (p *Proxy) disclose(id gate.Identity) *gate.Disclosure {
 	return p.g.Disclose(id)
 }
 
-// uriProblem says why a resource URI is refused before routing, or "".
-func uriProblem(uri string) string {
-	if !utf8.ValidString(uri) {
-		return "it is not valid UTF-8"
-	}
-	for i := 0; i < len(uri); i++ {
-		switch c := uri[i]; {
-		case c < 0x20 || c == 0x7f:
-			return "it holds a control character"
-		case c == '\\':
-			return `it holds a "\"`
-		case c == '%':
-			if i+2 >= len(uri) || !isHex(uri[i+1]) || !isHex(uri[i+2]) {
-				return "it holds a malformed percent escape"
-			}
-			switch b := unhex(uri[i+1])<<4 | unhex(uri[i+2]); {
-			case b == '/' || b == '\\' || b == '.' || b == '%' || b < 0x20 || b == 0x7f:
-				return fmt.Sprintf("it holds %q, an escape that decodes to a character that changes the path (%q)", uri[i:i+3], rune(b))
-			}
-		}
-	}
-	rest := uri
-	if i := strings.IndexAny(rest, "?#"); i >= 0 {
-		rest = rest[:i]
-	}
-	for _, seg := range strings.Split(rest, "/") {
-		if seg == "." || seg == ".." {
-			return fmt.Sprintf("it holds a %q path segment", seg)
-		}
-	}
-	return ""
+// reachable is gate.Reachable for the identity without its session.
+func (p *Proxy) reachable(id gate.Identity) map[string]bool {
+	id.Session = ""
+	return p.g.Reachable(id)
 }
 
-func isHex(c byte) bool {
-	return ('0' <= c && c <= '9') || ('a' <= c && c <= 'f') || ('A' <= c && c <= 'F')
-}
+var _ gate.Routes = (*relay)(nil)
 
-func unhex(c byte) byte {
-	switch {
-	case '0' <= c && c <= '9':
-		return c - '0'
-	case 'a' <= c && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
+// ResourceOwner is the upstream that owns uri (the rule in the file
+// comment); why says why there is none.
+func (r *relay) ResourceOwner(uri string) (string, string) { return r.ownerOfURI(uri) }
+
+// TemplateOwner is the upstream that listed exactly the template tmpl.
+func (r *relay) TemplateOwner(tmpl string) (string, bool) { return r.templateOwner(tmpl) }
+
+// PromptOwner is the upstream, and its own name, of the prompt the client
+// calls name.
+func (r *relay) PromptOwner(name string) (string, string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ref, ok := r.prompts[name]
+	return ref.upstream, ref.name, ok
 }
 
 // literalPrefix is the text of a URI template before its first expression.
@@ -127,8 +90,8 @@ func literalPrefix(tmpl string) string {
 // ownerOfURI resolves the upstream that owns a resource URI (the rule in
 // the file comment); why says why there is none.
 func (r *relay) ownerOfURI(uri string) (owner string, why string) {
-	if msg := uriProblem(uri); msg != "" {
-		return "", "the URI is refused: " + msg
+	if err := policy.CheckResourceURI(uri); err != nil {
+		return "", err.Error()
 	}
 	r.mu.Lock()
 	if up, ok := r.resOwner[uri]; ok {
@@ -179,27 +142,6 @@ func compileTemplate(tmpl string) *uritemplate.Template {
 	return t
 }
 
-// resourceFor resolves the owner of uri for identity id: the owner, or the
-// "Resource not found" error every refusal gets alike.
-func (p *Proxy) resourceFor(id gate.Identity, method, uri string) (string, error) {
-	owner, why := p.relay.ownerOfURI(uri)
-	if owner == "" {
-		p.log.Debug("pass-through: resource has no owner", "method", method, "uri", clipName(uri), "why", why)
-		return "", resourceNotFound(uri)
-	}
-	if !p.reachable(id)[owner] {
-		return "", resourceNotFound(uri)
-	}
-	return owner, nil
-}
-
-func (p *Proxy) promptOwner(name string) (promptRef, bool) {
-	p.relay.mu.Lock()
-	defer p.relay.mu.Unlock()
-	ref, ok := p.relay.prompts[name]
-	return ref, ok
-}
-
 // resourceNotFound is the SDK's "Resource not found" error for uri, with
 // its data encoded as JSON for any URI (the SDK's own quotes it as Go
 // does, which is not JSON for a control character, and the answer is then
@@ -216,29 +158,26 @@ func unknownPrompt(name string) error {
 	return &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("unknown prompt %q", name)}
 }
 
-// ownerKey carries the owner the middleware resolved for a
-// resources/subscribe to the SDK's subscribe handler (relay.subscribe).
+// ownerKey carries the owner the gate decided a resources/subscribe for
+// to the SDK's subscribe handler (relay.subscribe).
 type ownerKey struct{}
 
-// passThrough serves the pass-through requests of a client within the
-// upstreams it may reach: the lists (filtered, then paged: lists.go), and
-// resources/read, resources/subscribe, prompts/get and completion/complete
-// at the owner resolved here. handled is false for other requests.
+// passThrough serves the pass-through requests of a client: the lists
+// (each item shown by its tool-level access decision, then paged:
+// lists.go), and resources/read, resources/subscribe, prompts/get and
+// completion/complete, each one access through gate.HandleAccess,
+// forwarded to the owner the gate routed it to. handled is false for
+// other requests.
 func (p *Proxy) passThrough(ctx context.Context, id gate.Identity, method string, req mcp.Request, next mcp.MethodHandler) (res mcp.Result, err error, handled bool) {
-	var reach map[string]bool
-	ok := func(up string) bool {
-		if reach == nil {
-			reach = p.reachable(id)
-		}
-		return up != "" && reach[up]
-	}
 	sid := sessionID(req)
+	id = withSession(id, sid)
 	gen := p.lists.generation(p.g.Snapshot())
 	switch r := req.(type) {
 	case *mcp.ListResourcesRequest:
+		f := p.g.AccessFilter(id)
 		items := p.relay.resourceList()
 		page, next, err := listPage(p.lists, method, sid, gen, cursorOf(r.Params, func(p *mcp.ListResourcesParams) string { return p.Cursor }), items,
-			func(x ownedResource) bool { return ok(x.owner) }, func(x ownedResource) string { return x.def.URI })
+			func(x ownedResource) bool { return f.Resource(x.owner, x.def.URI) }, func(x ownedResource) string { return x.def.URI })
 		if err != nil {
 			return nil, err, true
 		}
@@ -249,9 +188,10 @@ func (p *Proxy) passThrough(ctx context.Context, id gate.Identity, method string
 		out.CacheScope = "private"
 		return out, nil, true
 	case *mcp.ListResourceTemplatesRequest:
+		f := p.g.AccessFilter(id)
 		items := p.relay.templateList()
 		page, next, err := listPage(p.lists, method, sid, gen, cursorOf(r.Params, func(p *mcp.ListResourceTemplatesParams) string { return p.Cursor }), items,
-			func(x ownedTemplate) bool { return ok(x.owner) }, func(x ownedTemplate) string { return x.def.URITemplate })
+			func(x ownedTemplate) bool { return f.Template(x.owner, x.def.URITemplate) }, func(x ownedTemplate) string { return x.def.URITemplate })
 		if err != nil {
 			return nil, err, true
 		}
@@ -262,9 +202,10 @@ func (p *Proxy) passThrough(ctx context.Context, id gate.Identity, method string
 		out.CacheScope = "private"
 		return out, nil, true
 	case *mcp.ListPromptsRequest:
+		f := p.g.AccessFilter(id)
 		items := p.relay.promptList()
 		page, next, err := listPage(p.lists, method, sid, gen, cursorOf(r.Params, func(p *mcp.ListPromptsParams) string { return p.Cursor }), items,
-			func(x ownedPrompt) bool { return ok(x.owner) }, func(x ownedPrompt) string { return x.def.Name })
+			func(x ownedPrompt) bool { return f.Prompt(x.owner, x.name) }, func(x ownedPrompt) string { return x.def.Name })
 		if err != nil {
 			return nil, err, true
 		}
@@ -278,64 +219,130 @@ func (p *Proxy) passThrough(ctx context.Context, id gate.Identity, method string
 		if r.Params == nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "resources/read: missing params"}, true
 		}
-		owner, err := p.resourceFor(id, method, r.Params.URI)
-		if err != nil {
-			return nil, err, true
-		}
-		res, err := p.relay.read(ctx, owner, r)
+		out := p.g.HandleAccess(ctx, gate.AccessRequest{Identity: id, Kind: toolgate.AccessResourceRead, URI: r.Params.URI,
+			Method: method, Via: "mcp", Forward: func(ctx context.Context, route gate.Route) (any, error) {
+				return p.relay.read(ctx, route.Upstream, r)
+			}})
+		res, err := accessAnswer[*mcp.ReadResourceResult](out, toolgate.AccessResourceRead, r.Params.URI)
 		return res, err, true
 	case *mcp.SubscribeRequest:
 		if r.Params == nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "resources/subscribe: missing params"}, true
 		}
-		owner, err := p.resourceFor(id, method, r.Params.URI)
-		if err != nil {
-			return nil, err, true
-		}
-		// The SDK keeps who subscribed (its resources/updated fan-out) and
-		// calls relay.subscribe, which subscribes exactly this owner.
-		res, err := next(context.WithValue(ctx, ownerKey{}, owner), method, req)
+		out := p.g.HandleAccess(ctx, gate.AccessRequest{Identity: id, Kind: toolgate.AccessResourceSubscribe, URI: r.Params.URI,
+			Method: method, Via: "mcp", Forward: func(ctx context.Context, route gate.Route) (any, error) {
+				// The SDK keeps who subscribed (its resources/updated
+				// fan-out) and calls relay.subscribe, which subscribes
+				// exactly this owner.
+				return next(context.WithValue(ctx, ownerKey{}, route.Upstream), method, req)
+			}})
+		res, err := accessAnswer[mcp.Result](out, toolgate.AccessResourceSubscribe, r.Params.URI)
 		return res, err, true
 	case *mcp.GetPromptRequest:
 		if r.Params == nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "prompts/get: missing params"}, true
 		}
-		ref, known := p.promptOwner(r.Params.Name)
-		if !known || !ok(ref.upstream) {
-			return nil, unknownPrompt(r.Params.Name), true
+		args, err := json.Marshal(r.Params.Arguments)
+		if err != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("prompts/get: arguments: %v", err)}, true
 		}
-		res, err := p.relay.getPrompt(ctx, ref, r)
+		if r.Params.Arguments == nil {
+			args = nil
+		}
+		out := p.g.HandleAccess(ctx, gate.AccessRequest{Identity: id, Kind: toolgate.AccessPromptGet, Prompt: r.Params.Name, Args: args,
+			Method: method, Via: "mcp", Forward: func(ctx context.Context, route gate.Route) (any, error) {
+				return p.relay.getPrompt(ctx, promptRef{route.Upstream, route.Prompt}, r)
+			}})
+		res, err := accessAnswer[*mcp.GetPromptResult](out, toolgate.AccessPromptGet, r.Params.Name)
 		return res, err, true
 	case *mcp.CompleteRequest:
 		if r.Params == nil || r.Params.Ref == nil {
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "completion/complete: missing ref"}, true
 		}
 		ref := *r.Params.Ref
-		var owner string
+		// What the completion is decided on: the context's arguments with
+		// the argument being completed set to its value so far.
+		cargs := map[string]string{}
+		if r.Params.Context != nil {
+			for k, v := range r.Params.Context.Arguments {
+				cargs[k] = v
+			}
+		}
+		if r.Params.Argument.Name != "" {
+			cargs[r.Params.Argument.Name] = r.Params.Argument.Value
+		}
+		args, err := json.Marshal(cargs)
+		if err != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("completion/complete: arguments: %v", err)}, true
+		}
+		ar := gate.AccessRequest{Identity: id, Args: args, Method: method, Via: "mcp"}
+		name := ref.URI
 		switch ref.Type {
 		case "ref/prompt":
-			pr, known := p.promptOwner(ref.Name)
-			if !known || !ok(pr.upstream) {
-				return nil, unknownPrompt(ref.Name), true
-			}
-			owner, ref.Name = pr.upstream, pr.name
+			ar.Kind, ar.Prompt, name = toolgate.AccessPromptComplete, ref.Name, ref.Name
 		case "ref/resource":
-			// A template, as listed; else a URI, by the rule above.
-			if up, known := p.relay.templateOwner(ref.URI); known {
-				owner = up
-				if !ok(owner) {
-					return nil, resourceNotFound(ref.URI), true
-				}
-			} else if owner, err = p.resourceFor(id, method, ref.URI); err != nil {
-				return nil, err, true
-			}
+			ar.Kind, ar.URI = toolgate.AccessResourceComplete, ref.URI
 		default:
 			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("completion/complete: unknown reference type %.64q", ref.Type)}, true
 		}
-		res, err := p.relay.completeAt(ctx, owner, &ref, r)
+		ar.Forward = func(ctx context.Context, route gate.Route) (any, error) {
+			up := ref
+			if up.Type == "ref/prompt" {
+				up.Name = route.Prompt // the upstream's own name
+			}
+			return p.relay.completeAt(ctx, route.Upstream, &up, r)
+		}
+		out := p.g.HandleAccess(ctx, ar)
+		res, err := accessAnswer[*mcp.CompleteResult](out, ar.Kind, name)
 		return res, err, true
 	}
 	return nil, nil, false
+}
+
+// AccessRefusedCode is the JSON-RPC error code of a resource or prompt
+// access the caller is shown but that was refused or needs approval; the
+// error's data holds the decision (verdict, code, layer, reason, target,
+// approval_id).
+const AccessRefusedCode = -32001
+
+// accessAnswer is the one mapping from an access's outcome to what the
+// client gets: the upstream's result, or its error; for an access the
+// caller is not shown, exactly the error of a resource or prompt that
+// does not exist; else an AccessRefusedCode error naming the layer.
+func accessAnswer[R mcp.Result](out gate.AccessOutcome, kind toolgate.AccessKind, name string) (R, error) {
+	var zero R
+	d := out.Decision
+	if !out.Visible {
+		if kind.IsPrompt() {
+			return zero, unknownPrompt(name)
+		}
+		return zero, resourceNotFound(name)
+	}
+	if d.Verdict != toolgate.Allow {
+		data := map[string]any{"verdict": d.Verdict.String(), "code": string(d.Code), "layer": string(d.Layer), "reason": d.Reason}
+		if d.Target != "" {
+			data["target"] = d.Target
+		}
+		msg := fmt.Sprintf("toolgate: the %s layer refused this %s (%s): %s", d.Layer, kind, d.Code, d.Reason)
+		if d.Verdict == toolgate.RequireApproval {
+			msg = fmt.Sprintf("toolgate: this %s needs approval: %s", kind, d.Reason)
+			if out.ApprovalID != "" {
+				data["approval_id"] = out.ApprovalID
+				msg = fmt.Sprintf("toolgate: approval %s is required for this %s (%s). An approver with approval:decide approves it (toolgate approvals approve %s --as PRINCIPAL, or POST /v1/approvals/%s/approve); then repeat exactly the same request and it is sent once.",
+					out.ApprovalID, kind, d.Reason, out.ApprovalID, out.ApprovalID)
+			}
+		}
+		raw, _ := json.Marshal(data)
+		return zero, &jsonrpc.Error{Code: AccessRefusedCode, Message: msg, Data: raw}
+	}
+	if out.Err != nil {
+		return zero, out.Err
+	}
+	res, ok := out.Result.(R)
+	if !ok {
+		return zero, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("toolgate: the %s was sent but gave no result", kind)}
+	}
+	return res, nil
 }
 
 // sessionID is the id of the request's session ("" for none).

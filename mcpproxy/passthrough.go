@@ -251,6 +251,7 @@ type (
 	ownedPrompt struct {
 		def   *mcp.Prompt
 		owner string
+		name  string // the upstream's own name
 	}
 )
 
@@ -279,7 +280,7 @@ func (r *relay) promptList() []ownedPrompt {
 	defer r.mu.Unlock()
 	out := make([]ownedPrompt, 0, len(r.promptDef))
 	for k, d := range r.promptDef {
-		out = append(out, ownedPrompt{d, r.prompts[k].upstream})
+		out = append(out, ownedPrompt{d, r.prompts[k].upstream, r.prompts[k].name})
 	}
 	return out
 }

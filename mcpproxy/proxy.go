@@ -152,6 +152,7 @@ func New(g *gate.Gate, ups *upstream.Manager, opts *Options) *Proxy {
 		p.log = slog.New(slog.DiscardHandler)
 	}
 	p.relay = newRelay(p)
+	g.SetRoutes(p.relay) // accesses are routed by this proxy's mirror (gating.go)
 	p.fast = newFastState()
 	p.lists = newLister(p.opts.PageSize)
 	p.refused = newRefusals(p.log, p.g.RecordRefusal)

@@ -268,7 +268,9 @@ func TestResourceOwnerIsOneChoice(t *testing.T) {
 		}
 	}
 
-	// Odd encodings, for b (who may reach both: the URI itself is refused).
+	// Odd encodings, for b (who may reach both: the URI itself is refused,
+	// for its form, at the composition layer; the refusal names no
+	// upstream), and for a, who is told the same.
 	before := hrReads() + docsReads()
 	for _, uri := range []string{
 		`file:///hr%2Fsalaries.csv`,
@@ -283,8 +285,11 @@ func TestResourceOwnerIsOneChoice(t *testing.T) {
 		`file:///hr/%zz`,
 		"file:///hr/a\x01b",
 	} {
-		if text, err := readText(b, uri); rpcCode(err) != mcp.CodeResourceNotFound {
-			t.Errorf("b read %q: %q, %v; want Resource not found", uri, text, err)
+		for who, cs := range map[string]*mcp.ClientSession{"a": a, "b": b} {
+			text, err := readText(cs, uri)
+			if rpcCode(err) != AccessRefusedCode || !strings.Contains(err.Error(), "malformed_call") || strings.Contains(err.Error(), "upstream hr") || strings.Contains(err.Error(), "upstream docs") {
+				t.Errorf("%s read %q: %q, %v; want a malformed_call refusal naming no upstream", who, uri, text, err)
+			}
 		}
 	}
 	if after := hrReads() + docsReads(); after != before {
