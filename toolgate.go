@@ -183,10 +183,27 @@ const (
 	// with the error and when it began; it is written once the store can
 	// write again, before the events accepted during the failure.
 	EventAuditStoreFailed EventType = "audit.store_failed"
-	// EventAuditBacklogOverflow summarizes the refusals that were answered
-	// while the audit backlog was full and so could not be recorded one by
-	// one: how many, the first and last time, and their event types.
+	// EventAuditBacklogOverflow summarizes the events that could not be
+	// recorded one by one because the audit backlog was full (mostly
+	// denials, and the internal_error refusals of calls that would have
+	// run): how many, the first and last time, the counts by event type
+	// and by principal, agent, tool and code.
 	EventAuditBacklogOverflow EventType = "audit.backlog_overflow"
+	// EventGatewayStopped is the last event of a run that stopped cleanly:
+	// everything it accepted was written before it (or, when the store
+	// could not write at shutdown, spilled with it and written at the next
+	// start). Its details name the run's gateway.started (started_seq).
+	EventGatewayStopped EventType = "gateway.stopped"
+	// EventGatewayUncleanStop is written at a start whose previous run has
+	// no gateway.stopped: that run crashed, was killed, lost power, or
+	// could not write or spill its audit events at shutdown, so events it
+	// had accepted but not written may be lost. It names the previous
+	// start and the last record of that run.
+	EventGatewayUncleanStop EventType = "gateway.unclean_stop"
+	// EventAuditEventsLost records, at a start, that the previous shutdown
+	// could write its unwritten audit events neither to the store nor to
+	// the spill file: how many were lost, and when.
+	EventAuditEventsLost EventType = "audit.events_lost"
 )
 
 // SideEffectClass orders what a tool may do to the world:

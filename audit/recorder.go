@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,7 +68,64 @@ type RecorderOptions struct {
 	// does not cost the next call an extra fsync. 0 means 50 ms; negative
 	// means write at once.
 	EnqueueLinger time.Duration
+	// OnState, if set, is called at each change of the Recorder's State:
+	// the store starts failing or writes again, an append stalls or
+	// finishes, the backlog overflows or its summary is queued. It gets
+	// the state before and after. The calls come in order, one at a time,
+	// from a goroutine of the Recorder's own (so a slow OnState delays the
+	// next report, never a write); when changes come faster than OnState
+	// returns, at most 64 wait and the newest are merged into one. Close
+	// waits for the last call (until its ctx ends).
+	OnState func(prev, next State)
 }
+
+// State is a Recorder's condition, as OnState and State report it. The
+// zero value is healthy.
+type State struct {
+	// Failing: the last store append failed. Events that must be durable
+	// now are refused (ErrUnavailable); queued events are retried.
+	Failing bool
+	// Stalled: a store append has run longer than StallAfter. Events that
+	// must be durable now are refused (ErrStalled).
+	Stalled bool
+	// Overflowing: the backlog was full, so events RecordOrQueue (and,
+	// past twice the bounds, Enqueue) could not keep are being counted for
+	// an audit.backlog_overflow summary. It ends when the summary is
+	// queued: once the store writes and the queue has drained to half.
+	Overflowing bool
+	// Err is the store's error while Failing, else the stall's while
+	// Stalled, else nil.
+	Err error
+	// FailingSince, StalledSince and OverflowingSince are when each
+	// condition in effect began (zero when it is not in effect).
+	FailingSince, StalledSince, OverflowingSince time.Time
+}
+
+// Healthy reports whether the store writes, no append is stalled and no
+// event is being counted.
+func (s State) Healthy() bool { return !s.Failing && !s.Stalled && !s.Overflowing }
+
+// String returns "healthy", or the conditions in effect joined by "+"
+// ("failing", "stalled", "overflowing").
+func (s State) String() string {
+	var parts []string
+	if s.Failing {
+		parts = append(parts, "failing")
+	}
+	if s.Stalled {
+		parts = append(parts, "stalled")
+	}
+	if s.Overflowing {
+		parts = append(parts, "overflowing")
+	}
+	if len(parts) == 0 {
+		return "healthy"
+	}
+	return strings.Join(parts, "+")
+}
+
+// maxPendingStates bounds the state changes waiting for OnState.
+const maxPendingStates = 64
 
 // Defaults of RecorderOptions.
 const (
@@ -185,14 +243,19 @@ type RecorderStats struct {
 // the gateway reports not-ready and denies. When the queue is full, an
 // event RecordOrQueue cannot keep is counted, never silently dropped: once
 // the store writes again and the queue has drained to half, one
-// audit.backlog_overflow event records how many, the first and last time
-// and their types.
+// audit.backlog_overflow event records how many, the first and last time,
+// and the counts by event type and by principal, agent, tool and code (see
+// overflowEventLocked). OnState reports each change of these conditions
+// (State), for one log line at each.
 //
 // A crash loses what was queued and not yet written: completions (the
 // gateway marks their calls outcome_unknown at its next start, see
 // Recover) and what was queued while the store failed. Record'ed events
 // are never lost once Record returned nil. Close writes the queue, and when
-// it must give up, Unwritten returns what is left for the caller to spill.
+// it must give up, Unwritten returns what is left for the caller to spill;
+// CloseWith also writes one last event (a gateway's gateway.stopped), by
+// which the next start knows that this run ended with everything written
+// or spilled.
 //
 // A Recorder is safe for concurrent use.
 type Recorder struct {
@@ -222,11 +285,20 @@ type Recorder struct {
 	// Stall detection: writeGen counts appends; stalled is set by a timer
 	// when append writeGen runs longer than StallAfter, and stallCh is
 	// closed (and replaced) then, waking the callers waiting on it.
-	writing  bool
-	writeGen uint64
-	stalled  bool
-	stallCh  chan struct{}
-	stallErr error
+	writing    bool
+	writeGen   uint64
+	stalled    bool
+	stallCh    chan struct{}
+	stallErr   error
+	stallSince time.Time
+
+	// OnState reports: state is the state last reported, transitions the
+	// changes waiting for the notifier goroutine (notifyStates).
+	state       State
+	transitions [][2]State
+	stateWake   chan struct{}
+	stateQuit   chan struct{}
+	stateDone   chan struct{}
 
 	committed, batches, failures atomic.Uint64
 
@@ -256,8 +328,44 @@ type item struct {
 type overflowCount struct {
 	n           uint64
 	first, last time.Time
+	since       time.Time // when counting began (the Recorder's clock)
 	byType      map[string]uint64
+	// groups counts by (principal, agent, tool, code), for at most
+	// maxOverflowGroups groups, then (principal, agent, any tool, code)
+	// for at most overflowSpareGroups more; what fits in neither is
+	// untracked (counted in n only).
+	groups    map[overflowKey]*overflowGroup
+	untracked uint64
+	// internal counts the events with code internal_error: the calls
+	// refused because the audit log could not take their record.
+	internal uint64
 }
+
+// overflowKey is a group of counted events. Each part is clipped to
+// maxOverflowKeyPart bytes (a called tool name is the caller's choice).
+type overflowKey struct {
+	principal, agent, tool, code string
+}
+
+type overflowGroup struct {
+	n           uint64
+	first, last time.Time
+}
+
+const (
+	// maxOverflowGroups and overflowSpareGroups bound the memory of the
+	// groups counted while the backlog is full (see overflowCount).
+	maxOverflowGroups   = 1000
+	overflowSpareGroups = 200
+	// overflowTop is how many groups the summary lists, the most frequent
+	// first; the others are one "other" total.
+	overflowTop = 50
+	// maxOverflowKeyPart is the longest part of a group key, in bytes.
+	maxOverflowKeyPart = 200
+	// overflowAnyTool is the tool of a group that stands for every tool
+	// of its principal, agent and code not counted in a group of its own.
+	overflowAnyTool = "*"
+)
 
 // waiter states.
 const (
@@ -326,6 +434,9 @@ func NewRecorder(store Store, opts *RecorderOptions) *Recorder {
 		wake:       make(chan struct{}, 1),
 		quit:       make(chan struct{}),
 		writerDone: make(chan struct{}),
+		stateWake:  make(chan struct{}, 1),
+		stateQuit:  make(chan struct{}),
+		stateDone:  make(chan struct{}),
 	}
 	r.abortCtx, r.abortCancel = context.WithCancel(context.Background())
 	r.sinkCtx, r.sinkCancel = context.WithCancel(context.Background())
@@ -335,6 +446,11 @@ func NewRecorder(store Store, opts *RecorderOptions) *Recorder {
 		go w.run(r)
 	}
 	go r.run()
+	if o.OnState != nil {
+		go r.notifyStates()
+	} else {
+		close(r.stateDone)
+	}
 	return r
 }
 
@@ -349,7 +465,7 @@ func (r *Recorder) admitLocked() error {
 		if r.err != nil {
 			cause = fmt.Sprintf(" (%v)", r.err)
 		}
-		return fmt.Errorf("%w: %d events (%d bytes) wait for the store%s, the most allowed (%d events, %d bytes); new calls are refused until it drains",
+		return fmt.Errorf("%w: %d events (%d bytes) wait for the store%s, the most allowed (%d events, %d bytes); calls that would run or ask for approval are refused until it drains (denials are answered and counted)",
 			ErrBacklogFull, len(r.queued), r.queuedBytes, cause, r.opts.MaxQueued, r.opts.MaxQueuedBytes)
 	case r.stalled:
 		return fmt.Errorf("%w: %v", ErrStalled, r.stallErr)
@@ -521,10 +637,13 @@ func (r *Recorder) queueLocked(ev Event, size int) {
 func (r *Recorder) countLocked(ev Event) {
 	o := &r.overflow
 	if o.n == 0 {
-		o.first = ev.OccurredAt
-		o.byType = map[string]uint64{}
+		*o = overflowCount{first: ev.OccurredAt, since: r.opts.Now(), byType: map[string]uint64{},
+			groups: map[overflowKey]*overflowGroup{}}
 	}
 	o.n++
+	if o.n == 1 {
+		r.noteStateLocked()
+	}
 	if ev.OccurredAt.Before(o.first) {
 		o.first = ev.OccurredAt
 	}
@@ -532,10 +651,51 @@ func (r *Recorder) countLocked(ev Event) {
 		o.last = ev.OccurredAt
 	}
 	o.byType[ev.EventType]++
+	if ev.Code == string(toolgate.CodeInternalError) {
+		o.internal++
+	}
+	k := overflowKey{principal: clipPart(ev.Principal), agent: clipPart(ev.AgentID), tool: clipPart(ev.ToolID), code: clipPart(ev.Code)}
+	g := o.groups[k]
+	if g == nil && len(o.groups) >= maxOverflowGroups {
+		k.tool = overflowAnyTool
+		g = o.groups[k]
+		if g == nil && len(o.groups) >= maxOverflowGroups+overflowSpareGroups {
+			o.untracked++
+			return
+		}
+	}
+	if g == nil {
+		g = &overflowGroup{first: ev.OccurredAt, last: ev.OccurredAt}
+		o.groups[k] = g
+	}
+	g.n++
+	if ev.OccurredAt.Before(g.first) {
+		g.first = ev.OccurredAt
+	}
+	if ev.OccurredAt.After(g.last) {
+		g.last = ev.OccurredAt
+	}
+}
+
+// clipPart clips a part of an overflow group key to maxOverflowKeyPart
+// bytes (copied, so the event's strings are not kept alive).
+func clipPart(s string) string {
+	if len(s) <= maxOverflowKeyPart {
+		return s
+	}
+	return strings.ToValidUTF8(strings.Clone(s[:maxOverflowKeyPart]), "") + "…"
 }
 
 // overflowEventLocked returns the summary of the counted events and resets
 // the count; r.mu must be held and r.overflow.n > 0.
+//
+// Its details: count, first and last (RFC 3339, UTC), by_type (event type
+// to count), internal_error (how many have that code), top (the
+// overflowTop largest groups by principal, agent_id, tool_id and code,
+// most frequent first, each with count, first and last; tool_id "*"
+// stands for the tools of that principal, agent and code counted when no
+// more groups could be kept), and other (events and groups outside top;
+// untracked: events counted when no group could be kept at all).
 func (r *Recorder) overflowEventLocked() Event {
 	o := r.overflow
 	r.overflow = overflowCount{}
@@ -543,14 +703,52 @@ func (r *Recorder) overflowEventLocked() Event {
 	for t, n := range o.byType {
 		byType[t] = n
 	}
+	type group struct {
+		k overflowKey
+		g *overflowGroup
+	}
+	groups := make([]group, 0, len(o.groups))
+	for k, g := range o.groups {
+		groups = append(groups, group{k, g})
+	}
+	slices.SortFunc(groups, func(a, b group) int {
+		if a.g.n != b.g.n {
+			if a.g.n > b.g.n {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.k.principal+"\x00"+a.k.agent+"\x00"+a.k.tool+"\x00"+a.k.code,
+			b.k.principal+"\x00"+b.k.agent+"\x00"+b.k.tool+"\x00"+b.k.code)
+	})
+	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+	top := []any{}
+	otherEvents, otherGroups := o.untracked, 0
+	for i, g := range groups {
+		if i >= overflowTop {
+			otherEvents += g.g.n
+			otherGroups++
+			continue
+		}
+		top = append(top, map[string]any{"principal": g.k.principal, "agent_id": g.k.agent, "tool_id": g.k.tool, "code": g.k.code,
+			"count": g.g.n, "first": ts(g.g.first), "last": ts(g.g.last)})
+	}
+	most := ""
+	if len(groups) > 0 {
+		g := groups[0]
+		most = fmt.Sprintf("; the most frequent: principal %q, agent %q, tool %q, code %q, %d times", g.k.principal, g.k.agent, g.k.tool, g.k.code, g.g.n)
+	}
 	ev := Event{
 		EventID:    r.opts.NewEventID(),
 		EventType:  string(toolgate.EventAuditBacklogOverflow),
 		OccurredAt: r.opts.Now(),
-		Reason: fmt.Sprintf("%d events were not recorded one by one because the audit backlog was full (%d events or %d bytes waiting for the store), from %s to %s; the refused calls were answered internal_error",
-			o.n, r.opts.MaxQueued, r.opts.MaxQueuedBytes, o.first.UTC().Format(time.RFC3339Nano), o.last.UTC().Format(time.RFC3339Nano)),
-		Details: map[string]any{"count": o.n, "first": o.first.UTC().Format(time.RFC3339Nano),
-			"last": o.last.UTC().Format(time.RFC3339Nano), "by_type": byType},
+		Reason: fmt.Sprintf("%d events from %s to %s were counted here instead of recorded one by one, because the audit backlog was full (%d events or %d bytes waiting for the store). "+
+			"Each call was answered as it would have been, except that a call that would have run or asked for approval was refused with internal_error (%d events here have that code); "+
+			"denied calls kept their denial. Details count them by event type and by principal, agent, tool and code (the %d most frequent, with their first and last times, then the rest as one total)%s",
+			o.n, ts(o.first), ts(o.last), r.opts.MaxQueued, r.opts.MaxQueuedBytes, o.internal, overflowTop, most),
+		Details: map[string]any{"count": o.n, "first": ts(o.first), "last": ts(o.last), "by_type": byType,
+			"internal_error": o.internal, "top": top,
+			"other": map[string]any{"events": otherEvents, "groups": otherGroups, "untracked": o.untracked}},
 	}
 	ev, _ = normalize(ev)
 	return ev
@@ -593,14 +791,28 @@ func (r *Recorder) Flush(ctx context.Context) error {
 // the sinks, and returns. When ctx ends first it gives up: it fails Record
 // calls still waiting, keeps the queued events (and a summary of the
 // counted ones) for Unwritten, and returns an error counting them. Close
-// does not close the store or the sinks. Later calls return the first
-// result.
+// does not close the store or the sinks. Later calls (Close or CloseWith)
+// return the first result.
 func (r *Recorder) Close(ctx context.Context) error {
-	r.closeOnce.Do(func() { r.closeErr = r.close(ctx) })
+	r.closeOnce.Do(func() { r.closeErr = r.close(ctx, nil) })
 	return r.closeErr
 }
 
-func (r *Recorder) close(ctx context.Context) error {
+// CloseWith is Close with a last event: once everything accepted is
+// written, final is appended on its own, durably, as the last event of
+// this Recorder (a gateway's gateway.stopped), and delivered to the sinks.
+// Close fills its EventID and OccurredAt when empty and sets its details
+// "committed" (the events this Recorder wrote before it). When Close gives
+// up, or the append of final fails, final is kept last in Unwritten, with
+// details "unwritten" (how many events are kept before it) and a reason
+// saying that the store could not take it at shutdown, so that the spill
+// file carries it.
+func (r *Recorder) CloseWith(ctx context.Context, final Event) error {
+	r.closeOnce.Do(func() { r.closeErr = r.close(ctx, &final) })
+	return r.closeErr
+}
+
+func (r *Recorder) close(ctx context.Context, final *Event) error {
 	r.mu.Lock()
 	r.closed = true
 	r.force = true
@@ -619,13 +831,21 @@ func (r *Recorder) close(ctx context.Context) error {
 	}
 	r.queued, r.queuedBytes = nil, 0
 	if r.overflow.n > 0 {
+		// Handed over with the rest; not reported to OnState as the end
+		// of the overflow (it is not written).
 		r.unwritten = append(r.unwritten, r.overflowEventLocked())
+		r.state.Overflowing = false
 	}
 	lost := len(r.unwritten)
 	storeErr := r.err
 	r.mu.Unlock()
 	if lost > 0 {
 		errs = append(errs, fmt.Errorf("audit: close: %d events not written: %w (last store error: %v)", lost, ctx.Err(), storeErr))
+	}
+	if final != nil {
+		if err := r.writeFinal(ctx, *final, lost); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, w := range r.sinks {
 		close(w.in)
@@ -640,7 +860,64 @@ func (r *Recorder) close(ctx context.Context) error {
 	}
 	r.sinkCancel()
 	r.abortCancel()
+	close(r.stateQuit)
+	select {
+	case <-r.stateDone:
+	case <-ctx.Done():
+	}
 	return errors.Join(errs...)
+}
+
+// writeFinal appends CloseWith's final event when nothing is left
+// unwritten (lost == 0), or keeps it last in Unwritten; the writer has
+// stopped.
+func (r *Recorder) writeFinal(ctx context.Context, ev Event, lost int) error {
+	ev, _, err := r.prepare(ev)
+	if err != nil {
+		ev.Details = map[string]any{"details_error": err.Error()}
+	}
+	if ev.Details == nil {
+		ev.Details = map[string]any{}
+	}
+	ev.Details["committed"] = r.committed.Load()
+	// keep puts ev last in Unwritten, after the n events there.
+	keep := func(n int, why error) error {
+		ev.Details["unwritten"] = n
+		ev.Reason = strings.TrimSuffix(ev.Reason, ".") + fmt.Sprintf("; the audit store could not take this event at shutdown (%v), so it and the %d events before it were kept for the spill file and written at the next start", why, n)
+		ev, _ = normalize(ev)
+		r.mu.Lock()
+		r.unwritten = append(r.unwritten, ev)
+		r.mu.Unlock()
+		return fmt.Errorf("audit: close: the final event %s (%s) not written: %w", ev.EventID, ev.EventType, why)
+	}
+	if lost > 0 || ctx.Err() != nil {
+		cause := r.Err()
+		if cause == nil {
+			cause = ctx.Err()
+		}
+		if cause == nil {
+			cause = errors.New("events are left unwritten")
+		}
+		return keep(lost, cause)
+	}
+	ev, _ = normalize(ev)
+	stop := context.AfterFunc(ctx, r.abortCancel)
+	sealed, err := r.write([]Event{ev})
+	stop()
+	r.finish(nil, 0, sealed, err)
+	if err != nil {
+		// finish queued the audit.store_failed event of this failure: it
+		// goes first.
+		r.mu.Lock()
+		for _, it := range r.queued {
+			r.unwritten = append(r.unwritten, it.ev)
+		}
+		r.queued, r.queuedBytes = nil, 0
+		n := len(r.unwritten)
+		r.mu.Unlock()
+		return keep(n, err)
+	}
+	return nil
 }
 
 // Unwritten returns, after Close gave up, the events it could not write, in
@@ -834,6 +1111,7 @@ func (r *Recorder) take(timerFired bool) (batch []Event, ws []*waiter, nq int, o
 	if r.overflow.n > 0 && r.err == nil && 2*len(r.queued) <= r.opts.MaxQueued && 2*r.queuedBytes <= r.opts.MaxQueuedBytes {
 		ev := r.overflowEventLocked()
 		r.queueLocked(ev, eventSize(ev))
+		r.noteStateLocked()
 	}
 	if len(r.durable) == 0 && len(r.queued) == 0 {
 		r.force = false
@@ -903,7 +1181,10 @@ func (r *Recorder) write(batch []Event) ([]Event, error) {
 	timer.Stop()
 	r.mu.Lock()
 	r.writing = false
-	r.stalled, r.stallErr = false, nil
+	if r.stalled {
+		r.stalled, r.stallErr, r.stallSince = false, nil, time.Time{}
+		r.noteStateLocked()
+	}
 	r.mu.Unlock()
 	if err == nil && len(sealed) != len(batch) {
 		err = fmt.Errorf("audit: store returned %d events for a batch of %d", len(sealed), len(batch))
@@ -919,9 +1200,11 @@ func (r *Recorder) markStalled(gen uint64, start time.Time) {
 		return
 	}
 	r.stalled = true
+	r.stallSince = start
 	r.stallErr = fmt.Errorf("a store append has been running since %s, longer than %s", start.UTC().Format(time.RFC3339Nano), r.opts.StallAfter)
 	close(r.stallCh)
 	r.stallCh = make(chan struct{})
+	r.noteStateLocked()
 }
 
 func (r *Recorder) finish(ws []*waiter, nq int, sealed []Event, err error) {
@@ -935,7 +1218,7 @@ func (r *Recorder) finish(ws []*waiter, nq int, sealed []Event, err error) {
 			// non-empty, so the retries go on until then).
 			r.failedAt = r.opts.Now()
 			fe := Event{EventID: r.opts.NewEventID(), EventType: string(toolgate.EventAuditStoreFailed), OccurredAt: r.failedAt,
-				Reason:  fmt.Sprintf("the audit store could not write from %s: %v; calls to be run were refused meanwhile, and the events accepted meanwhile follow", r.failedAt.UTC().Format(time.RFC3339Nano), err),
+				Reason:  fmt.Sprintf("the audit store could not write from %s: %v; calls that would run or ask for approval were refused meanwhile (internal_error), denials were answered; the events queued meanwhile follow (those that did not fit in the backlog are counted in an audit.backlog_overflow summary)", r.failedAt.UTC().Format(time.RFC3339Nano), err),
 				Details: map[string]any{"error": err.Error()}}
 			fe, _ = normalize(fe)
 			r.queueLocked(fe, eventSize(fe))
@@ -966,6 +1249,7 @@ func (r *Recorder) finish(ws []*waiter, nq int, sealed []Event, err error) {
 		r.batches.Add(1)
 	}
 	storeErr := r.err
+	r.noteStateLocked()
 	r.broadcastLocked()
 	r.mu.Unlock()
 	for _, ch := range notify {
@@ -981,6 +1265,83 @@ func (r *Recorder) finish(ws []*waiter, nq int, sealed []Event, err error) {
 	if err == nil {
 		for _, s := range r.sinks {
 			s.offer(r, sealed)
+		}
+	}
+}
+
+// stateLocked returns the current State; r.mu must be held.
+func (r *Recorder) stateLocked() State {
+	s := State{Failing: r.err != nil, Stalled: r.stalled, Overflowing: r.overflow.n > 0}
+	if s.Failing {
+		s.Err, s.FailingSince = r.err, r.failedAt
+	}
+	if s.Stalled {
+		if s.Err == nil {
+			s.Err = r.stallErr
+		}
+		s.StalledSince = r.stallSince
+	}
+	if s.Overflowing {
+		s.OverflowingSince = r.overflow.since
+	}
+	return s
+}
+
+// State returns the Recorder's current state.
+func (r *Recorder) State() State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stateLocked()
+}
+
+// noteStateLocked queues a report for OnState when the state changed
+// since the last one; r.mu must be held.
+func (r *Recorder) noteStateLocked() {
+	if r.opts.OnState == nil {
+		return
+	}
+	s := r.stateLocked()
+	if s.Failing == r.state.Failing && s.Stalled == r.state.Stalled && s.Overflowing == r.state.Overflowing {
+		return
+	}
+	if n := len(r.transitions); n >= maxPendingStates {
+		r.transitions[n-1][1] = s // merged with the newest waiting change
+	} else {
+		r.transitions = append(r.transitions, [2]State{r.state, s})
+	}
+	r.state = s
+	select {
+	case r.stateWake <- struct{}{}:
+	default:
+	}
+}
+
+// notifyStates calls OnState with each state change, in order, until
+// Close (after which it delivers what is left and stops).
+func (r *Recorder) notifyStates() {
+	defer close(r.stateDone)
+	for {
+		select {
+		case <-r.stateWake:
+			r.deliverStates()
+		case <-r.stateQuit:
+			r.deliverStates()
+			return
+		}
+	}
+}
+
+func (r *Recorder) deliverStates() {
+	for {
+		r.mu.Lock()
+		ts := r.transitions
+		r.transitions = nil
+		r.mu.Unlock()
+		if len(ts) == 0 {
+			return
+		}
+		for _, t := range ts {
+			r.opts.OnState(t[0], t[1])
 		}
 	}
 }

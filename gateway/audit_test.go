@@ -405,6 +405,11 @@ func TestShutdownWithStoreDownSpills(t *testing.T) {
 	if types["audit.store_failed"] != 1 || types["gateway.started"] != 2 {
 		t.Errorf("event types %v; want one audit.store_failed and two gateway.started", types)
 	}
+	// Finding N7: the spill carries the run's gateway.stopped, so the
+	// next start knows it stopped cleanly.
+	if types["gateway.stopped"] != 1 || types["gateway.unclean_stop"] != 0 {
+		t.Errorf("event types %v; want the spilled gateway.stopped and no unclean stop", types)
+	}
 }
 
 // startGatewayAt is startGateway with a data folder of the test's choice.
@@ -602,18 +607,29 @@ func TestFloodWhileStoreDownStaysBounded(t *testing.T) {
 		return false
 	})
 	seen, counted, summaries := 0, 0, 0
+	var summary audit.Event
 	for _, ev := range evs {
 		switch {
 		case ev.EventType == "agent.tool.unauthorized" && ev.ToolName == "rec_hidden":
 			seen++
 		case ev.EventType == "audit.backlog_overflow":
 			summaries++
+			summary = ev
 			var n int
 			fmt.Sscan(fmt.Sprint(ev.Details["count"]), &n)
 			counted += n
 		}
 	}
 	if summaries != 1 || seen+counted != workers*each {
-		t.Errorf("%d calls recorded one by one, %d counted in %d summaries; want all %d, in one summary", seen, counted, summaries, workers*each)
+		t.Fatalf("%d calls recorded one by one, %d counted in %d summaries; want all %d, in one summary", seen, counted, summaries, workers*each)
+	}
+	// Finding N6: the summary names who made the calls it counts.
+	top, _ := summary.Details["top"].([]any)
+	if len(top) == 0 {
+		t.Fatalf("summary details %v; want the counts by caller", summary.Details)
+	}
+	g := top[0].(map[string]any)
+	if g["principal"] != "user:crash" || g["agent_id"] != "crash-agent" || g["code"] != "unknown_tool" || fmt.Sprint(g["count"]) != fmt.Sprint(counted) {
+		t.Errorf("the largest group %v; want all %d counted calls, by user:crash, crash-agent, unknown_tool", g, counted)
 	}
 }

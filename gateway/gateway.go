@@ -90,6 +90,11 @@ type Gateway struct {
 	Ups   *upstream.Manager
 	Store *sqlite.Store
 	Rec   *audit.Recorder
+	// startedSeq is the seq of this run's gateway.started event;
+	// auditOnce and auditErr make closeAudit run once.
+	startedSeq int64
+	auditOnce  sync.Once
+	auditErr   error
 	// Metrics is the gateway's Prometheus registry, served at /metrics.
 	Metrics *metrics.Metrics
 	// ident verifies JWTs and delegation tokens (identity.go).
@@ -182,14 +187,13 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 		return fmt.Errorf("audit log: %w", err)
 	}
 	rr, err := audit.Recover(ctx, store, &audit.RecoverOptions{SpillPath: filepath.Join(cfg.DataDir, SpillFile),
+		LostMarker: filepath.Join(cfg.DataDir, LostMarker), RecordsStop: true,
 		Details: map[string]any{"version": cfg.Version, "bundle": cfg.BundleDir}})
 	if err != nil {
 		return fmt.Errorf("audit log: %w", err)
 	}
-	if len(rr.OutcomeUnknown) > 0 || rr.Replayed > 0 {
-		log.Warn("audit log: the previous run stopped uncleanly", "outcome_unknown", len(rr.OutcomeUnknown),
-			"replayed_from_spill", rr.Replayed, "previous_start_seq", rr.PreviousStart, "scanned", rr.Scanned)
-	}
+	gw.startedSeq = rr.Started.Seq
+	logRecover(log, rr) // auditstate.go
 	var sinks []audit.Sink
 	if cfg.EventsFile != "" {
 		var w io.Writer = os.Stdout
@@ -209,12 +213,15 @@ func Run(ctx context.Context, cfg Config, reload <-chan struct{}) error {
 	// call: the store has every event. It is not silent either: logged, at
 	// most once a second.
 	var sinkLogged atomic.Int64
-	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks, OnSinkError: func(_ audit.Sink, err error) {
+	gw.Rec = audit.NewRecorder(store, &audit.RecorderOptions{Sinks: sinks, OnState: logAuditState(log), OnSinkError: func(_ audit.Sink, err error) {
 		now, last := time.Now().UnixNano(), sinkLogged.Load()
 		if now-last >= int64(time.Second) && sinkLogged.CompareAndSwap(last, now) {
 			log.Warn("audit event sink: events not delivered to it (the audit log has them)", "err", err)
 		}
 	}})
+	// Every return from here on closes the audit log (shutdown does it
+	// first; a start that fails later does it here).
+	defer gw.closeAudit()
 	// What Recover wrote (the start, calls left without an outcome, events
 	// replayed from a spill) went to the store before the sinks existed;
 	// the event stream and the metrics get it now, in order.
@@ -329,18 +336,10 @@ func (gw *Gateway) shutdown(srv *http.Server) error {
 		err = nil
 	}
 	// The audit log gets its own time: what it cannot write (the store is
-	// down) is spilled to the data folder and appended at the next start.
-	actx, acancel := context.WithTimeout(context.Background(), CloseAuditTimeout)
-	defer acancel()
-	if cerr := gw.Rec.Close(actx); cerr != nil {
-		left := gw.Rec.Unwritten()
-		path := filepath.Join(gw.cfg.DataDir, SpillFile)
-		if serr := audit.WriteSpill(path, left); serr != nil {
-			gw.log.Error("audit log: events lost: the store could not write them and they could not be spilled", "lost", len(left), "err", serr, "store_err", cerr)
-			err = errors.Join(err, fmt.Errorf("audit log: %d events lost: %w (spill: %v)", len(left), cerr, serr))
-		} else {
-			gw.log.Warn("audit log: events the store could not write were spilled; the next start appends them", "spilled", len(left), "file", path, "store_err", cerr)
-		}
+	// down) is spilled to the data folder and appended at the next start;
+	// its last event is gateway.stopped (auditstate.go).
+	if aerr := gw.closeAudit(); aerr != nil {
+		err = errors.Join(err, aerr)
 	}
 	return err
 }

@@ -292,16 +292,26 @@ func (s *server) healthz(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// readyz answers 200, or 503 with the reason. A 503 is the answer a probe
+// asks for, not a failed request: it is logged at debug level only (the
+// gateway logs each change of the audit log's state once) and not
+// recorded as a refusal.
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) error {
+	var e *Error
 	if s.o.Ready != nil {
 		if err := s.o.Ready(); err != nil {
-			return &Error{Status: http.StatusServiceUnavailable, Code: "not_ready", Message: "not ready: " + err.Error(), Err: err}
+			e = &Error{Status: http.StatusServiceUnavailable, Code: "not_ready", Message: "not ready: " + err.Error(), Err: err}
 		}
 	}
-	if rec := s.g.Recorder(); rec != nil {
+	if rec := s.g.Recorder(); rec != nil && e == nil {
 		if err := rec.Err(); err != nil {
-			return &Error{Status: http.StatusServiceUnavailable, Code: "not_ready", Message: "not ready: the audit log cannot write: " + err.Error(), Err: err}
+			e = &Error{Status: http.StatusServiceUnavailable, Code: "not_ready", Message: "not ready: the audit log cannot write: " + err.Error(), Err: err}
 		}
+	}
+	if e != nil {
+		s.log.Debug("httpapi: not ready", "path", r.URL.Path, "err", e.Err)
+		WriteError(w, e)
+		return nil
 	}
 	writeText(w, http.StatusOK, "ok\n")
 	return nil

@@ -66,6 +66,49 @@ func MountTmpfs(t testing.TB, size int64) *FS {
 	return &FS{Dir: dir}
 }
 
+// MountTmpfsInodes is MountTmpfs with at most inodes files (and folders)
+// on it, so that FillInodes is quick.
+func MountTmpfsInodes(t testing.TB, size, inodes int64) *FS {
+	t.Helper()
+	RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "tmpfs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", size, inodes), "tmpfs", dir)
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	return &FS{Dir: dir}
+}
+
+// FillInodes creates empty files until the file system has no inode left
+// (not even an empty file can be created) and returns a func that removes
+// them. Use it on a file system with few inodes (MountTmpfsInodes).
+func (f *FS) FillInodes(t testing.TB) (free func()) {
+	t.Helper()
+	dir := filepath.Join(f.Dir, "inode-filler")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatalf("fill the inodes of %s: %v", f.Dir, err)
+	}
+	for i := 0; ; i++ {
+		fh, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(i)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("fill the inodes of %s: %v", f.Dir, err)
+			}
+			break
+		}
+		fh.Close()
+		if i > 10_000_000 {
+			t.Fatalf("fill the inodes of %s: more than 10 million files; mount it with fewer inodes", f.Dir)
+		}
+	}
+	return func() {
+		if err := os.RemoveAll(dir); err != nil {
+			t.Errorf("free the inodes of %s: %v", f.Dir, err)
+		}
+	}
+}
+
 // MountExt4 makes an ext4 file system of size bytes in a file under
 // t.TempDir(), loop-mounts it and unmounts it when the test ends (thawing
 // it first). Freeze freezes it (fsfreeze).

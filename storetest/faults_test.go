@@ -26,6 +26,17 @@ func TestFaultHelpers(t *testing.T) {
 			t.Errorf("write after free: %v", err)
 		}
 	})
+	t.Run("tmpfs fill inodes", func(t *testing.T) {
+		fs := storetest.MountTmpfsInodes(t, 1<<20, 64)
+		free := fs.FillInodes(t)
+		if err := os.WriteFile(filepath.Join(fs.Dir, "x"), nil, 0o600); err == nil {
+			t.Error("an empty file was created on a file system without inodes")
+		}
+		free()
+		if err := os.WriteFile(filepath.Join(fs.Dir, "x"), nil, 0o600); err != nil {
+			t.Errorf("create after free: %v", err)
+		}
+	})
 	t.Run("postgres stop and start", func(t *testing.T) {
 		ctx := context.Background()
 		p := storetest.StartPostgres(t)
