@@ -179,7 +179,7 @@ func (g *Gate) HandleAccess(ctx context.Context, req AccessRequest) AccessOutcom
 	if d.Verdict != toolgate.Deny {
 		if err := g.admit(); err != nil {
 			d = toolgate.Decision{Verdict: toolgate.Deny, Code: toolgate.CodeInternalError, Layer: toolgate.LayerInternal,
-				Reason: fmt.Sprintf("internal layer: the access is refused before anything is sent because the audit log cannot record it now: %v; retry once the audit store writes again (/readyz)", err),
+				Reason:    fmt.Sprintf("internal layer: the access is refused before anything is sent because the audit log cannot record it now: %v; retry once the audit store writes again (/readyz)", err),
 				EventType: toolgate.EventUnauthorized, Target: d.Target, Disclosed: true}
 		}
 	}
