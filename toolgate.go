@@ -179,6 +179,22 @@ const (
 	// calls: the start of a run, from which the next start looks for calls
 	// left without an outcome.
 	EventGatewayStarted EventType = "gateway.started"
+	// EventListServed records a list request the gateway answered
+	// (tools/list, resources/list, resources/templates/list,
+	// prompts/list): who asked, and in details the method, how many items
+	// were shown on the page and how many of the gateway's items the
+	// caller is not shown. A list refused (a cursor of another list or
+	// session) is recorded with verdict deny.
+	EventListServed EventType = "mcp.list.served"
+	// EventLoggingLevelSet records a client's logging/setLevel: the level
+	// and the upstreams it was passed on to.
+	EventLoggingLevelSet EventType = "mcp.logging.level_set"
+	// EventUpstreamRequest records a request an upstream sent to a client
+	// while serving one of its requests (sampling/createMessage,
+	// elicitation/create, roots/list): relayed (allow) or refused (deny,
+	// with why: the client did not declare the capability, the request
+	// cannot be attributed to one client, the method is not relayed).
+	EventUpstreamRequest EventType = "mcp.upstream.request"
 	// EventAuditStoreFailed records that the audit store could not write,
 	// with the error and when it began; it is written once the store can
 	// write again, before the events accepted during the failure.

@@ -219,7 +219,7 @@ func (g *Gate) HandleAccess(ctx context.Context, req AccessRequest) AccessOutcom
 		out.Err = ErrNotForwardable
 	} else {
 		out.Forwarded = true
-		out.Result, out.Err = req.Forward(ctx, route)
+		out.Result, out.Err = req.Forward(withCall(ctx, req.Identity, out.CorrelationID), route)
 	}
 	g.completeAccess(ev, &out, start)
 	return out

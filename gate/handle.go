@@ -249,7 +249,7 @@ func (g *Gate) handle(ctx context.Context, req Request) Outcome {
 	if req.DecideOnly {
 		return out
 	}
-	out.Result = g.execute(ctx, snap, req, out, inspected)
+	out.Result = g.execute(withCall(ctx, req.Identity, out.CorrelationID), snap, req, out, inspected)
 	return out
 }
 

@@ -103,8 +103,21 @@ type DecideRequest struct {
 	InstanceID     string `json:"instance_id"`
 	Environment    string `json:"environment"`
 	Principal      string `json:"principal"`
-	// Tool is the name as the model called it (required).
+	// Tool is the name as the model called it; required unless Access is
+	// set (then it must be absent).
 	Tool string `json:"tool"`
+	// Access, instead of a tool call, asks about a resource or prompt
+	// access (docs/design.md, "Resources and prompts"): resource_read,
+	// resource_subscribe, resource_complete, prompt_get or
+	// prompt_complete. The gateway's mirror of its upstreams' lists routes
+	// it, as it routes the same MCP request.
+	Access string `json:"access"`
+	// URI is, for a resource access, the URI (for resource_complete, a
+	// template an upstream lists, or a URI).
+	URI string `json:"uri"`
+	// Prompt is, for a prompt access, the prompt's name as the client sees
+	// it.
+	Prompt string `json:"prompt"`
 	// Args are the call's arguments, a JSON object (absent or null: {}).
 	Args json.RawMessage `json:"args"`
 	// Arguments is Args under the name /v1/tools/call uses; send one of
@@ -131,6 +144,9 @@ type DecisionResponse struct {
 	Layer     string `json:"layer"`
 	Reason    string `json:"reason"`
 	ToolID    string `json:"tool_id"`
+	// Target is, for an access, the ceiling entry (or upstream) it was
+	// decided on (toolgate.Decision.Target).
+	Target    string `json:"target,omitempty"`
 	EventType string `json:"event_type"`
 	// ApprovalID is the pending approval a require_approval created, or
 	// the approval an allow used.
@@ -422,8 +438,11 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	if req.Tool == "" {
-		return apiError(http.StatusBadRequest, "bad_request", "tool is required: the tool name as the model called it")
+	if req.Tool == "" && req.Access == "" {
+		return apiError(http.StatusBadRequest, "bad_request", "tool is required: the tool name as the model called it (or access, for a resource or prompt)")
+	}
+	if req.Tool != "" && (req.Access != "" || req.URI != "" || req.Prompt != "") {
+		return apiError(http.StatusBadRequest, "bad_request", "send a tool call (tool) or an access (access, uri or prompt), not both")
 	}
 	id, err := s.caller(r, req.Identity())
 	if err != nil {
@@ -438,31 +457,79 @@ func (s *server) decide(w http.ResponseWriter, r *http.Request) error {
 		}
 		args = req.Arguments
 	}
+	if req.Access != "" {
+		return s.decideAccess(w, r, req, id, args)
+	}
 	out := s.g.Handle(context.WithoutCancel(r.Context()), gate.Request{Identity: id, Tool: req.Tool, Args: args,
 		Resources: req.Resources, CorrelationID: req.CorrelationID, CausationID: req.CausationID, Via: Via, DecideOnly: true})
 	d := shown(out, req.Tool)
 	resp := DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
 		ToolID: d.ToolID, EventType: string(d.EventType), ApprovalID: out.ApprovalID, ApprovalExpiresAt: out.ApprovalExpires,
 		CorrelationID: out.CorrelationID}
-	if d.Verdict == toolgate.Allow {
+	writeDecision(w, resp, ExecutionContext{CorrelationID: out.CorrelationID, AgentID: id.AgentID, Principal: id.Principal,
+		InstanceID: id.InstanceID, Environment: id.Environment, ToolName: req.Tool})
+	return nil
+}
+
+// decideAccess answers /v1/decide for an access: decided and recorded
+// through gate.HandleAccess (DecideOnly), shown as MCP shows it: one the
+// caller is not shown is unknown, unless the caller may read the audit
+// log.
+func (s *server) decideAccess(w http.ResponseWriter, r *http.Request, req DecideRequest, id gate.Identity, args json.RawMessage) error {
+	var kind toolgate.AccessKind
+	if err := kind.UnmarshalText([]byte(req.Access)); err != nil {
+		return apiError(http.StatusBadRequest, "bad_request", "access %.64q is none of resource_read, resource_subscribe, resource_complete, prompt_get, prompt_complete", req.Access)
+	}
+	if len(req.Resources) > 0 {
+		return apiError(http.StatusBadRequest, "bad_request", "resources are for tool calls; an access names its uri or prompt")
+	}
+	if kind.IsResource() && req.Prompt != "" || kind.IsPrompt() && req.URI != "" {
+		return apiError(http.StatusBadRequest, "bad_request", "a %s names a %s", kind, map[bool]string{true: "uri", false: "prompt"}[kind.IsResource()])
+	}
+	out := s.g.HandleAccess(context.WithoutCancel(r.Context()), gate.AccessRequest{Identity: id, Kind: kind, URI: req.URI, Prompt: req.Prompt,
+		Args: args, CorrelationID: req.CorrelationID, Via: Via, DecideOnly: true, Method: "decide"})
+	d := out.Decision
+	name := req.URI
+	if kind.IsPrompt() {
+		name = req.Prompt
+	}
+	if !out.Visible && !out.Reveal {
+		code := toolgate.CodeUnknownResource
+		what := fmt.Sprintf("resource %.200q", name)
+		if kind.IsPrompt() {
+			code, what = toolgate.CodeUnknownPrompt, fmt.Sprintf("prompt %.200q", name)
+		}
+		d = toolgate.Decision{Verdict: toolgate.Deny, Code: code, Layer: toolgate.LayerComposition, EventType: toolgate.EventUnauthorized,
+			Reason: fmt.Sprintf("composition layer: %s is not one this caller can reach; resources/list and prompts/list over MCP show what it can", what)}
+	}
+	resp := DecisionResponse{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
+		Target: d.Target, EventType: string(d.EventType), ApprovalID: out.ApprovalID, ApprovalExpiresAt: out.ApprovalExpires,
+		CorrelationID: out.CorrelationID}
+	if !out.Visible && !out.Reveal {
+		resp.ApprovalID, resp.ApprovalExpiresAt = "", time.Time{}
+	}
+	writeDecision(w, resp, ExecutionContext{CorrelationID: out.CorrelationID, AgentID: id.AgentID, Principal: id.Principal,
+		InstanceID: id.InstanceID, Environment: id.Environment, ToolName: name})
+	return nil
+}
+
+// writeDecision writes a decision of /v1/decide: the decision alone for an
+// allow (200); else the Envelope, 202 for require_approval, 503 for an
+// internal error, 403 otherwise.
+func writeDecision(w http.ResponseWriter, resp DecisionResponse, ec ExecutionContext) {
+	d := resp
+	if d.Verdict == toolgate.Allow.String() {
 		writeJSON(w, http.StatusOK, resp)
-		return nil
+		return
 	}
 	status := http.StatusForbidden
 	switch {
-	case d.Verdict == toolgate.RequireApproval:
+	case d.Verdict == toolgate.RequireApproval.String():
 		status = http.StatusAccepted
-	case d.Code == toolgate.CodeInternalError:
+	case d.Code == string(toolgate.CodeInternalError):
 		status = http.StatusServiceUnavailable
 	}
-	writeJSON(w, status, Envelope{
-		Status: "failure",
-		Errors: []string{d.Reason},
-		ExecutionContext: ExecutionContext{CorrelationID: out.CorrelationID, AgentID: id.AgentID, Principal: id.Principal,
-			InstanceID: id.InstanceID, Environment: id.Environment, ToolName: req.Tool},
-		Decision: resp,
-	})
-	return nil
+	writeJSON(w, status, Envelope{Status: "failure", Errors: []string{d.Reason}, ExecutionContext: ec, Decision: resp})
 }
 
 // limitParam reads a positive integer query parameter, def when absent.

@@ -61,7 +61,7 @@ func TestAccessesThroughTheGate(t *testing.T) {
 	url, p := serveProxyEnv(t, bundle, proxyEnv{rec: rec, approvals: st})
 	gw := connectClient(t, url, testKeys[0], declare{}).cs
 
-	waitFor(t, "the mirrored resources", func() bool { return len(resourceURIs(t, gw)) > 0 })
+	waitFor(t, "the mirrored resources and prompts", func() bool { return len(resourceURIs(t, gw)) > 0 && len(promptNames(t, gw)) > 0 })
 	if diff := cmp.Diff([]string{"test://static-text"}, resourceURIs(t, gw)); diff != "" {
 		t.Errorf("resources/list (-want +got):\n%s", diff)
 	}

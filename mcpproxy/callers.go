@@ -220,7 +220,11 @@ func (c *callRelay) onStream(ctx context.Context, msg []byte, reply func([]byte)
 		answer(nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("toolgate: %s is not relayed to clients", *env.Method)})
 		return
 	case rec == nil:
-		answer(nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "toolgate: refused: the call is not tracked"})
+		err := &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: "toolgate: refused: the call is not tracked"}
+		if env.isRequest() {
+			c.p.relay.recordAsk(nil, "", *env.Method, err)
+		}
+		answer(nil, err)
 		return
 	}
 	method := *env.Method

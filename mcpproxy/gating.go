@@ -176,8 +176,10 @@ func (p *Proxy) passThrough(ctx context.Context, id gate.Identity, method string
 	case *mcp.ListResourcesRequest:
 		f := p.g.AccessFilter(id)
 		items := p.relay.resourceList()
+		var kept int
 		page, next, err := listPage(p.lists, method, sid, gen, cursorOf(r.Params, func(p *mcp.ListResourcesParams) string { return p.Cursor }), items,
-			func(x ownedResource) bool { return f.Resource(x.owner, x.def.URI) }, func(x ownedResource) string { return x.def.URI })
+			counting(func(x ownedResource) bool { return f.Resource(x.owner, x.def.URI) }, &kept), func(x ownedResource) string { return x.def.URI })
+		p.listed(ctx, id, method, len(page), len(items)-kept, err)
 		if err != nil {
 			return nil, err, true
 		}
@@ -190,8 +192,10 @@ func (p *Proxy) passThrough(ctx context.Context, id gate.Identity, method string
 	case *mcp.ListResourceTemplatesRequest:
 		f := p.g.AccessFilter(id)
 		items := p.relay.templateList()
+		var kept int
 		page, next, err := listPage(p.lists, method, sid, gen, cursorOf(r.Params, func(p *mcp.ListResourceTemplatesParams) string { return p.Cursor }), items,
-			func(x ownedTemplate) bool { return f.Template(x.owner, x.def.URITemplate) }, func(x ownedTemplate) string { return x.def.URITemplate })
+			counting(func(x ownedTemplate) bool { return f.Template(x.owner, x.def.URITemplate) }, &kept), func(x ownedTemplate) string { return x.def.URITemplate })
+		p.listed(ctx, id, method, len(page), len(items)-kept, err)
 		if err != nil {
 			return nil, err, true
 		}
@@ -204,8 +208,10 @@ func (p *Proxy) passThrough(ctx context.Context, id gate.Identity, method string
 	case *mcp.ListPromptsRequest:
 		f := p.g.AccessFilter(id)
 		items := p.relay.promptList()
+		var kept int
 		page, next, err := listPage(p.lists, method, sid, gen, cursorOf(r.Params, func(p *mcp.ListPromptsParams) string { return p.Cursor }), items,
-			func(x ownedPrompt) bool { return f.Prompt(x.owner, x.name) }, func(x ownedPrompt) string { return x.def.Name })
+			counting(func(x ownedPrompt) bool { return f.Prompt(x.owner, x.name) }, &kept), func(x ownedPrompt) string { return x.def.Name })
+		p.listed(ctx, id, method, len(page), len(items)-kept, err)
 		if err != nil {
 			return nil, err, true
 		}
@@ -297,6 +303,30 @@ func (p *Proxy) passThrough(ctx context.Context, id gate.Identity, method string
 		return res, err, true
 	}
 	return nil, nil, false
+}
+
+// counting wraps a list filter to count the items it keeps in n.
+func counting[T any](keep func(T) bool, n *int) func(T) bool {
+	return func(x T) bool {
+		k := keep(x)
+		if k {
+			*n++
+		}
+		return k
+	}
+}
+
+// listed records a list request (gate.RecordMessage): how many items the
+// page shows and how many of the gateway's items the caller is not shown;
+// a refused list (err: a cursor of another list or session) is a deny.
+func (p *Proxy) listed(ctx context.Context, id gate.Identity, method string, shown, hidden int, err error) {
+	m := gate.Message{Identity: id, Type: toolgate.EventListServed, Method: method, Verdict: toolgate.Allow, Via: "mcp",
+		Details: map[string]any{"shown": shown, "hidden": hidden}}
+	if err != nil {
+		m.Verdict, m.Code, m.Reason = toolgate.Deny, toolgate.CodeMalformedCall, err.Error()
+		m.Details = nil
+	}
+	p.g.RecordMessage(ctx, m)
 }
 
 // AccessRefusedCode is the JSON-RPC error code of a resource or prompt

@@ -91,6 +91,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/yosida95/uritemplate/v3"
 
+	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/upstream"
 )
@@ -384,9 +385,17 @@ func (r *relay) upstreamChanged(name, prefix string) {
 // caller id may reach (setLevel).
 func (r *relay) handleSetLevel(ctx context.Context, id gate.Identity, method string, q *mcp.ServerRequest[*mcp.SetLoggingLevelParams], next mcp.MethodHandler) (mcp.Result, error) {
 	res, err := next(ctx, method, q)
+	m := gate.Message{Identity: withSession(id, sessionID(q)), Type: toolgate.EventLoggingLevelSet, Method: method, Verdict: toolgate.Allow, Via: "mcp"}
 	if err == nil && q.Params != nil {
 		r.setLevel(ctx, q.Session, id, q.Params.Level)
+		// The upstreams that may hear of this level: those the caller
+		// reaches (the most verbose level of their callers is set there).
+		m.Details = map[string]any{"level": string(q.Params.Level), "upstreams": slices.Sorted(maps.Keys(r.p.reachable(id)))}
+	} else {
+		m.Verdict, m.Code = toolgate.Deny, toolgate.CodeMalformedCall
+		m.Reason = "logging/setLevel refused: " + fmt.Sprint(err)
 	}
+	r.p.g.RecordMessage(ctx, m)
 	return res, err
 }
 
@@ -632,24 +641,60 @@ func clientCaps(ss *mcp.ServerSession) *mcp.ClientCapabilities {
 // the upstream sent it: the client must have declared the capability (of
 // that mode), or the upstream gets an error and the client is not asked.
 func (r *relay) ask(ctx context.Context, rec *inflight, method string, params any) (json.RawMessage, error) {
+	if err := r.checkAsk(rec, method, params); err != nil {
+		r.recordAsk(rec, rec.upstream, method, err)
+		return nil, err
+	}
+	r.recordAsk(rec, rec.upstream, method, nil)
+	cctx, cancel := relayCtx(rec, ctx)
+	defer cancel()
+	rec.asked.Add(1)
+	res, err := rec.to.ask(cctx, method, params)
+	return res, clientError(method, err)
+}
+
+// recordAsk records an upstream's request to a client (gate.RecordMessage):
+// relayed (refused nil) or refused, under the correlation id of the call
+// or access it came during (rec; nil when it could not be attributed).
+func (r *relay) recordAsk(rec *inflight, upstream, method string, refused error) {
+	m := gate.Message{Type: toolgate.EventUpstreamRequest, Method: method, Verdict: toolgate.Allow, Upstream: upstream, Via: "mcp"}
+	if rec != nil {
+		if id, corr, ok := gate.CallOf(rec.ctx); ok {
+			m.Identity, m.CorrelationID = id, corr
+		}
+	}
+	if refused != nil {
+		m.Verdict, m.Code, m.Reason = toolgate.Deny, "upstream_request_refused", refused.Error()
+		var rpcErr *jsonrpc.Error
+		if errors.As(refused, &rpcErr) {
+			m.Reason = rpcErr.Message
+		}
+	}
+	r.p.g.RecordMessage(context.Background(), m)
+}
+
+// checkAsk is why an upstream's request may not be relayed to the client
+// of rec, or nil: the client must have declared the capability (of that
+// mode), and the method must be one relayed to clients.
+func (r *relay) checkAsk(rec *inflight, method string, params any) error {
 	caps := clientCaps(rec.ss)
 	switch method {
 	case "sampling/createMessage":
 		p, _ := params.(*mcp.CreateMessageWithToolsParams)
 		if caps.Sampling == nil {
-			return nil, missingCapability(method, "sampling")
+			return missingCapability(method, "sampling")
 		}
 		if p != nil && len(p.Tools) > 0 && caps.Sampling.Tools == nil {
-			return nil, missingCapability(method, "sampling with tools")
+			return missingCapability(method, "sampling with tools")
 		}
 	case "elicitation/create":
 		p, _ := params.(*mcp.ElicitParams)
 		if caps.Elicitation == nil {
-			return nil, missingCapability(method, "elicitation")
+			return missingCapability(method, "elicitation")
 		}
 		url := p != nil && (p.Mode == "url" || (p.Mode == "" && p.URL != ""))
 		if url && caps.Elicitation.URL == nil {
-			return nil, missingCapability(method, "url elicitation")
+			return missingCapability(method, "url elicitation")
 		}
 		if url && p.ElicitationID != "" {
 			r.mu.Lock()
@@ -658,19 +703,15 @@ func (r *relay) ask(ctx context.Context, rec *inflight, method string, params an
 		}
 	case "roots/list":
 		if caps.RootsV2 == nil {
-			return nil, missingCapability(method, "roots")
+			return missingCapability(method, "roots")
 		}
 	default:
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("toolgate: %s is not relayed to clients", method)}
+		return &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("toolgate: %s is not relayed to clients", method)}
 	}
 	if rec.to == nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: fmt.Sprintf("toolgate: %s refused: the request it is about cannot reach its client", method)}
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: fmt.Sprintf("toolgate: %s refused: the request it is about cannot reach its client", method)}
 	}
-	cctx, cancel := relayCtx(rec, ctx)
-	defer cancel()
-	rec.asked.Add(1)
-	res, err := rec.to.ask(cctx, method, params)
-	return res, clientError(method, err)
+	return nil
 }
 
 // askAs relays an upstream's request sent on the shared session (an SDK
@@ -679,6 +720,7 @@ func (r *relay) ask(ctx context.Context, rec *inflight, method string, params an
 func askAs[R any](r *relay, ctx context.Context, name string, cs *mcp.ClientSession, method string, params any) (*R, error) {
 	rec, err := r.requester(name, cs, method)
 	if err != nil {
+		r.recordAsk(nil, name, method, err)
 		return nil, err
 	}
 	raw, err := r.ask(ctx, rec, method, params)

@@ -304,6 +304,8 @@ func TestPassThroughContent(t *testing.T) {
 	if diff := cmp.Diff(dt.ResourceTemplates, gt.ResourceTemplates); diff != "" {
 		t.Errorf("resources/templates/list (-direct +gateway):\n%s", diff)
 	}
+	// The mirror lists resources, templates and prompts one after another.
+	waitFor(t, "the mirrored prompts", func() bool { return len(promptNames(t, gw)) == len(promptNames(t, direct)) })
 	if diff := cmp.Diff(promptNames(t, direct), promptNames(t, gw)); diff != "" {
 		t.Errorf("prompts/list (-direct +gateway):\n%s", diff)
 	}

@@ -431,7 +431,7 @@ func (p *Proxy) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		}
 		switch r := req.(type) {
 		case *mcp.ListToolsRequest:
-			return p.listTools(id, r)
+			return p.listTools(ctx, id, r)
 		case *mcp.CallToolRequest:
 			return p.call(ctx, id, r, next, method)
 		case *mcp.ServerRequest[*mcp.SetLoggingLevelParams]:
@@ -448,7 +448,7 @@ func (p *Proxy) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 
 // listTools answers tools/list with the tools disclosed to id: filtered,
 // then paged (lists.go).
-func (p *Proxy) listTools(id gate.Identity, r *mcp.ListToolsRequest) (mcp.Result, error) {
+func (p *Proxy) listTools(ctx context.Context, id gate.Identity, r *mcp.ListToolsRequest) (mcp.Result, error) {
 	disc := p.disclose(id)
 	p.mu.Lock()
 	all := make([]mirror, 0, len(p.mirrors))
@@ -457,9 +457,11 @@ func (p *Proxy) listTools(id gate.Identity, r *mcp.ListToolsRequest) (mcp.Result
 	}
 	p.mu.Unlock()
 	gen := p.lists.generation(p.g.Snapshot())
+	var kept int
 	page, next, err := listPage(p.lists, "tools/list", sessionID(r), gen,
 		cursorOf(r.Params, func(p *mcp.ListToolsParams) string { return p.Cursor }), all,
-		func(m mirror) bool { return m.def != nil && disc.Disclosed[m.id] }, func(m mirror) string { return m.def.Name })
+		counting(func(m mirror) bool { return m.def != nil && disc.Disclosed[m.id] }, &kept), func(m mirror) string { return m.def.Name })
+	p.listed(ctx, withSession(id, sessionID(r)), "tools/list", len(page), len(all)-kept, err)
 	if err != nil {
 		return nil, err
 	}

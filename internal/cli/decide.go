@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/authz"
@@ -268,6 +269,64 @@ func (cf *callFlags) buildCall(snap *authz.Snapshot) (*toolgate.Call, error) {
 	return c, nil
 }
 
+// accessFlags are decide's flags for a resource or prompt access instead
+// of a tool call (docs/design.md, "Resources and prompts"). Offline there
+// is no mirror of the upstreams' lists, so the upstream is named.
+type accessFlags struct {
+	access, upstream, uri, prompt *string
+}
+
+func addAccessFlags(fs *flag.FlagSet) *accessFlags {
+	return &accessFlags{
+		access:   fs.String("access", "", "decide a resource or prompt access instead of a tool call: resource_read, resource_subscribe, resource_complete, prompt_get or prompt_complete"),
+		upstream: fs.String("upstream", "", "with --access: the upstream that owns the resource or prompt (required)"),
+		uri:      fs.String("uri", "", "with --access resource_*: the resource URI (resource_complete: a template as the upstream lists it, or a URI)"),
+		prompt:   fs.String("prompt", "", "with --access prompt_*: the upstream's own name of the prompt"),
+	}
+}
+
+// buildAccess turns flags into an Access; the error is bad input (exit
+// 1). --args are the prompt's (or completion's) arguments, parsed as
+// every enforcement point parses them.
+func (af *accessFlags) buildAccess(cf *callFlags, snap *authz.Snapshot) (*toolgate.Access, error) {
+	var kind toolgate.AccessKind
+	if err := kind.UnmarshalText([]byte(*af.access)); err != nil {
+		return nil, fmt.Errorf("--access %q: want resource_read, resource_subscribe, resource_complete, prompt_get or prompt_complete", *af.access)
+	}
+	if *af.upstream == "" {
+		return nil, fmt.Errorf("--access needs --upstream: the upstream that owns the resource or prompt")
+	}
+	if len(cf.resources) > 0 {
+		return nil, fmt.Errorf("--resource is for tool calls; an access names --uri or --prompt")
+	}
+	principal := *cf.principal
+	if principal == "" {
+		principal = snap.Settings().DefaultPrincipal
+	}
+	a := &toolgate.Access{Kind: kind, AgentID: *cf.agent, DeploymentMode: *cf.mode, InstanceID: *cf.instance, Environment: *cf.env,
+		Principal: principal, Upstream: *af.upstream, Now: time.Now()}
+	switch {
+	case kind.IsResource():
+		if *af.prompt != "" || *af.uri == "" {
+			return nil, fmt.Errorf("--access %s needs --uri (and no --prompt)", kind)
+		}
+		a.URI = *af.uri
+		a.Template = kind == toolgate.AccessResourceComplete && policy.IsURITemplate(a.URI)
+	default:
+		if *af.uri != "" || *af.prompt == "" {
+			return nil, fmt.Errorf("--access %s needs --prompt (and no --uri)", kind)
+		}
+		a.Prompt, a.PromptName = *af.prompt, *af.prompt
+	}
+	if kind.HasArgs() {
+		args, err := toolgate.ParseArgs([]byte(*cf.args))
+		a.Args, a.ArgsErr = args.Value, err
+	} else if *cf.args != "{}" && *cf.args != "" {
+		return nil, fmt.Errorf("--access %s takes no --args", kind)
+	}
+	return a, nil
+}
+
 // decisionJSON is decide's JSON output.
 type decisionJSON struct {
 	Verdict   string `json:"verdict"`
@@ -275,12 +334,13 @@ type decisionJSON struct {
 	Layer     string `json:"layer"`
 	Reason    string `json:"reason"`
 	ToolID    string `json:"tool_id"`
+	Target    string `json:"target,omitempty"`
 	EventType string `json:"event_type"`
 }
 
 func toDecisionJSON(d toolgate.Decision) decisionJSON {
 	return decisionJSON{Verdict: d.Verdict.String(), Code: string(d.Code), Layer: string(d.Layer), Reason: d.Reason,
-		ToolID: d.ToolID, EventType: string(d.EventType)}
+		ToolID: d.ToolID, Target: d.Target, EventType: string(d.EventType)}
 }
 
 func verdictExit(v toolgate.Verdict) int {
@@ -306,11 +366,38 @@ func decideOrExplain(name string, args []string, io IO) int {
 	bundle := bundleFlag(fs)
 	out := outputFlag(fs)
 	cf := addCallFlags(fs)
+	af := &accessFlags{}
+	if name == "decide" {
+		af = addAccessFlags(fs)
+	} else {
+		af.access = new(string)
+	}
 	if code, ok := parse(fs, args); !ok {
 		return code
 	}
 	if !checkOutput(*out, io.Stderr) {
 		return ExitUsage
+	}
+	if *af.access != "" && name == "decide" {
+		if *cf.agent == "" || *cf.tool != "" || *bundle == "" {
+			fmt.Fprintf(io.Stderr, "toolgate %s --access: --agent and --bundle are required, and --tool is not (an access names --upstream and --uri or --prompt)\n", name)
+			return ExitUsage
+		}
+		snap, ok := loadSnapshot(*bundle, io.Stderr)
+		if !ok {
+			return ExitFailure
+		}
+		a, err := af.buildAccess(cf, snap)
+		if err != nil {
+			return fail(io.Stderr, "%v", err)
+		}
+		d := snap.DecideAccess(a)
+		if *out == "json" {
+			writeJSON(io.Stdout, toDecisionJSON(d))
+		} else {
+			printDecision(io.Stdout, d)
+		}
+		return verdictExit(d.Verdict)
 	}
 	if *cf.agent == "" || *cf.tool == "" {
 		fmt.Fprintf(io.Stderr, "toolgate %s: --agent and --tool are required\n", name)
@@ -368,5 +455,9 @@ func printDecision(w io.Writer, d toolgate.Decision) {
 	if d.Layer != "" {
 		layer = " at the " + string(d.Layer) + " layer"
 	}
-	fmt.Fprintf(w, "%s %s (%s%s)\n  %s\n  event: %s\n", strings.ToUpper(d.Verdict.String()), d.ToolID, d.Code, layer, d.Reason, d.EventType)
+	what := d.ToolID
+	if what == "" {
+		what = d.Target
+	}
+	fmt.Fprintf(w, "%s %s (%s%s)\n  %s\n  event: %s\n", strings.ToUpper(d.Verdict.String()), what, d.Code, layer, d.Reason, d.EventType)
 }
