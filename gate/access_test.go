@@ -67,7 +67,9 @@ func (routes) ResourceOwner(uri string) (string, string) {
 	return "", "no template matches it"
 }
 
-func (routes) TemplateOwner(tmpl string) (string, bool) { return "docs", tmpl == "file:///docs/{+path}" }
+func (routes) TemplateOwner(tmpl string) (string, bool) {
+	return "docs", tmpl == "file:///docs/{+path}"
+}
 
 func (routes) PromptOwner(name string) (string, string, bool) {
 	if name == "docs_summarize" {

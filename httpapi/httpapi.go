@@ -139,11 +139,11 @@ func (r *DecideRequest) Identity() IdentityFields {
 // DecisionResponse is the decision of /v1/decide: the whole answer for an
 // allow, and the "decision" of the Envelope otherwise.
 type DecisionResponse struct {
-	Verdict   string `json:"verdict"`
-	Code      string `json:"code"`
-	Layer     string `json:"layer"`
-	Reason    string `json:"reason"`
-	ToolID    string `json:"tool_id"`
+	Verdict string `json:"verdict"`
+	Code    string `json:"code"`
+	Layer   string `json:"layer"`
+	Reason  string `json:"reason"`
+	ToolID  string `json:"tool_id"`
 	// Target is, for an access, the ceiling entry (or upstream) it was
 	// decided on (toolgate.Decision.Target).
 	Target    string `json:"target,omitempty"`
