@@ -43,8 +43,8 @@ import (
 	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/gate"
-	"github.com/toolgate/toolgate/policy"
 )
 
 // disclose is gate.Disclose for the identity without its session (the
@@ -90,7 +90,7 @@ func literalPrefix(tmpl string) string {
 // ownerOfURI resolves the upstream that owns a resource URI (the rule in
 // the file comment); why says why there is none.
 func (r *relay) ownerOfURI(uri string) (owner string, why string) {
-	if err := policy.CheckResourceURI(uri); err != nil {
+	if err := mcptool.CheckResourceURI(uri); err != nil {
 		return "", err.Error()
 	}
 	r.mu.Lock()
