@@ -256,9 +256,7 @@ func (g *Gate) accessOf(snap *authz.Snapshot, req AccessRequest, pa parsed, now 
 			}
 			fallthrough
 		default:
-			if policy.CheckResourceURI(req.URI) == nil {
-				route.Upstream, _ = routes.ResourceOwner(req.URI)
-			}
+			route.Upstream, _ = routes.ResourceOwner(req.URI)
 		}
 		route.Template = a.Template
 	case req.Kind.IsPrompt():

@@ -431,7 +431,9 @@ func (gw *Gateway) newUpstreams(cfgs []upstream.Config) (*upstream.Manager, erro
 	}
 	// Route what upstreams send to clients (sampling, elicitation, roots,
 	// progress, logging, resource and prompt changes) through the proxy.
-	mcpproxy.RelayUpstream(o, func() *mcpproxy.Proxy { return gw.Proxy })
+	var relay mcptool.ClientHandlers
+	mcpproxy.RelayUpstream(&relay, func() *mcpproxy.Proxy { return gw.Proxy })
+	relay.Install(o)
 	return upstream.New(cfgs, o)
 }
 

@@ -22,7 +22,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/toolgate/toolgate/adapter/mcptool"
-	"github.com/toolgate/toolgate/upstream"
 )
 
 // caller reaches the client of one request.
@@ -166,7 +165,7 @@ func (c *callRelay) Track(ctx context.Context, up string, meta mcp.Meta) (mcp.Me
 }
 
 // Stream relays a direct call's own stream; nil on the SDK path.
-func (c *callRelay) Stream() upstream.OnMessage {
+func (c *callRelay) Stream() mcptool.OnMessage {
 	if !c.fast {
 		return nil
 	}

@@ -155,7 +155,9 @@ func serveProxyEnv(t *testing.T, bundleYAML string, env proxyEnv) (string, *Prox
 		g.Swap(snap)
 		p.SetTools(b.Upstreams[i].Name, b.Upstreams[i].Prefix(), tools, accepted)
 	}}
-	RelayUpstream(o, func() *Proxy { return p })
+	var relay mcptool.ClientHandlers
+	RelayUpstream(&relay, func() *Proxy { return p })
+	relay.Install(o)
 	ups, err := upstream.New(cfgs, o)
 	if err != nil {
 		t.Fatal(err)

@@ -26,10 +26,11 @@ package mcpproxy
 //     gateway logs it);
 //  3. else, the one upstream that declares resources, if exactly one does.
 //
-// A URI that percent-decoding could turn into another path, or that has a
-// second spelling (policy.CheckResourceURI), has no owner either, and the
-// decision refuses it for its form, so an upstream cannot read a
-// different path than the one that was decided.
+// Routing judges nothing: a URI that percent-decoding could turn into
+// another path, or that has a second spelling, is refused for its form by
+// the decision (the composition layer, before its owner is looked at), so
+// it is never forwarded, and an upstream cannot read a different path
+// than the one that was decided.
 
 import (
 	"bytes"
@@ -44,7 +45,6 @@ import (
 
 	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/gate"
-	"github.com/toolgate/toolgate/policy"
 )
 
 // disclose is gate.Disclose for the identity without its session (the
@@ -90,9 +90,6 @@ func literalPrefix(tmpl string) string {
 // ownerOfURI resolves the upstream that owns a resource URI (the rule in
 // the file comment); why says why there is none.
 func (r *relay) ownerOfURI(uri string) (owner string, why string) {
-	if err := policy.CheckResourceURI(uri); err != nil {
-		return "", err.Error()
-	}
 	r.mu.Lock()
 	if up, ok := r.resOwner[uri]; ok {
 		r.mu.Unlock()

@@ -92,14 +92,14 @@ import (
 	"github.com/yosida95/uritemplate/v3"
 
 	"github.com/toolgate/toolgate"
+	"github.com/toolgate/toolgate/adapter/mcptool"
 	"github.com/toolgate/toolgate/gate"
-	"github.com/toolgate/toolgate/upstream"
 )
 
 const (
 	// passTimeout bounds one forwarded request that is not a tools/call
 	// (those use the upstream's call_timeout) and one mirror refresh.
-	passTimeout = upstream.DefaultCallTimeout
+	passTimeout = mcptool.DefaultCallTimeout
 	// notifyTimeout bounds sending one relayed notification.
 	notifyTimeout = 5 * time.Second
 	// outboxLimit bounds the notifications waiting for one client session.
@@ -125,8 +125,9 @@ const (
 // elicitation in form and url mode, roots (without listChanged). proxy is
 // called for each message; while it returns nil (before the proxy exists)
 // upstream requests are refused and notifications dropped. Handlers already
-// set in o are replaced; o.ClientCapabilities is kept if set.
-func RelayUpstream(o *upstream.Options, proxy func() *Proxy) {
+// set in o are replaced; o.ClientCapabilities is kept if set. The gateway's
+// wiring puts o into the upstream Options (mcptool.ClientHandlers.Install).
+func RelayUpstream(o *mcptool.ClientHandlers, proxy func() *Proxy) {
 	get := func() *relay {
 		if p := proxy(); p != nil {
 			return p.relay

@@ -38,7 +38,6 @@ import (
 	"github.com/toolgate/toolgate/gate"
 	"github.com/toolgate/toolgate/identity"
 	"github.com/toolgate/toolgate/toolid"
-	"github.com/toolgate/toolgate/upstream"
 )
 
 // MaxBodyBytes bounds one request body; larger ones get 413.
@@ -104,7 +103,7 @@ type mirror struct {
 // Proxy is the MCP gateway. Create it with New; serve Handler().
 type Proxy struct {
 	g       *gate.Gate
-	ups     *upstream.Manager
+	ups     mcptool.Sessions // nil: no upstreams
 	server  *mcp.Server
 	handler http.Handler
 	opts    Options
@@ -141,9 +140,10 @@ func (p *Proxy) countPath(path string) {
 	}
 }
 
-// New builds the proxy. ups may be nil (no upstreams yet).
-func New(g *gate.Gate, ups *upstream.Manager, opts *Options) *Proxy {
-	p := &Proxy{g: g, ups: ups, mirrors: map[string]mirror{}}
+// New builds the proxy. ups (an *upstream.Manager) may be nil, or a nil
+// *upstream.Manager (no upstreams yet).
+func New(g *gate.Gate, ups mcptool.Sessions, opts *Options) *Proxy {
+	p := &Proxy{g: g, ups: mcptool.SessionsOrNil(ups), mirrors: map[string]mirror{}}
 	if opts != nil {
 		p.opts = *opts
 	}

@@ -323,11 +323,11 @@ func TestOwnerOfURI(t *testing.T) {
 		{"literal beats expression", "db://orders/7", "orders", ""},
 		{"other table", "db://users/rows", "db", ""},
 		{"no match", "https://example.com/", "", "no upstream"},
-		{"encoded slash", "file:///hr%2fx", "", "refused"},
-		{"dot segment", "db://orders/../users/rows", "", "refused"},
-		{"encoded percent", "file:///a%25b", "", "refused"},
 		{"space is fine", "file:///a%20b.txt", "docs", ""},
-		{"invalid utf-8", "file:///\xff", "", "refused"},
+		// Routing judges no URI's form: the decision refuses these for it
+		// (composition layer) before their owner counts, so they are never
+		// forwarded (TestResourceOwnerIsOneChoice, gateway's
+		// TestOnePipeline).
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
