@@ -299,3 +299,36 @@ func TestAccessWithoutRoutes(t *testing.T) {
 		t.Errorf("with an explicit upstream: %s %s", out.Decision.Verdict, out.Decision.Reason)
 	}
 }
+
+// TestAccessDelegated: a delegation token's resource and prompt grants
+// narrow the delegator's accesses as its tool grants narrow calls, and an
+// expired one reaches nothing (answered as if nothing existed).
+func TestAccessDelegated(t *testing.T) {
+	ctx := context.Background()
+	g, _, _ := newAccessGate(t)
+	d := &gate.Delegation{ID: "dlg_test", Delegate: "agent:helper", ExpiresAt: time.Now().Add(time.Hour),
+		Grants: []policy.Grant{{Resource: "mcp_resource", Action: "read", Scope: policy.Scope{Upstream: "docs", URI: "file:///docs/public/{+path}"}}}}
+	id := gate.Identity{Principal: "p", AgentID: "reader", Delegation: d}
+	read := func(id gate.Identity, uri string) gate.AccessOutcome {
+		return g.HandleAccess(ctx, gate.AccessRequest{Identity: id, Kind: toolgate.AccessResourceRead, URI: uri, DecideOnly: true})
+	}
+	if out := read(id, "file:///docs/public/a.md"); out.Decision.Verdict != toolgate.Allow {
+		t.Errorf("inside the delegation: %s %s", out.Decision.Verdict, out.Decision.Reason)
+	}
+	if out := read(id, "file:///docs/private.md"); out.Decision.Verdict != toolgate.Deny || out.Decision.Layer != toolgate.LayerGrant || out.Visible {
+		t.Errorf("outside the delegation: %s %s visible %v", out.Decision.Verdict, out.Decision.Layer, out.Visible)
+	}
+	if out := g.HandleAccess(ctx, gate.AccessRequest{Identity: id, Kind: toolgate.AccessPromptGet, Prompt: "docs_summarize", DecideOnly: true}); out.Decision.Verdict != toolgate.Deny || out.Visible {
+		t.Errorf("a prompt the delegation does not hand: %s visible %v", out.Decision.Verdict, out.Visible)
+	}
+	gone := *d
+	gone.ExpiresAt = time.Now().Add(-time.Second)
+	expired := id
+	expired.Delegation = &gone
+	if out := read(expired, "file:///docs/public/a.md"); out.Decision.Verdict != toolgate.Deny || out.Visible || !strings.Contains(out.Decision.Reason, "expired") {
+		t.Errorf("an expired delegation: %s visible %v: %s", out.Decision.Verdict, out.Visible, out.Decision.Reason)
+	}
+	if g.AccessFilter(expired).Resource("docs", "file:///docs/public/a.md") {
+		t.Errorf("an expired delegation's list shows a resource")
+	}
+}

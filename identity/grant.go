@@ -8,6 +8,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/toolgate/toolgate"
 	"github.com/toolgate/toolgate/cond"
 	"github.com/toolgate/toolgate/policy"
 	"github.com/toolgate/toolgate/toolid"
@@ -17,6 +18,8 @@ import (
 // POST /v1/delegations:
 //
 //	{"resource": "tool", "action": "invoke", "scope": "all" | {"tool": NAME} | {"name": NAME}, "when": CEL}
+//	{"resource": "mcp_resource", "action": "read", "scope": {"upstream": U} | {"upstream": U, "uri": URI}}
+//	{"resource": "prompt", "action": "get", "scope": {"upstream": U} | {"upstream": U, "prompt": NAME}}
 //
 // It also decodes from the CLI's string form "resource:action:scope" (see
 // ParseGrant).
@@ -47,6 +50,14 @@ func (g Grant) String() string {
 		s += "all"
 	case g.Scope.Tool != "":
 		s += "tool=" + g.Scope.Tool
+	case g.Scope.Upstream != "":
+		s += "upstream=" + g.Scope.Upstream
+		if g.Scope.URI != "" {
+			s += ",uri=" + g.Scope.URI
+		}
+		if g.Scope.Prompt != "" {
+			s += ",prompt=" + g.Scope.Prompt
+		}
 	default:
 		s += "name=" + g.Scope.Name
 	}
@@ -71,6 +82,15 @@ func (g Grant) MarshalJSON() ([]byte, error) {
 		scope = map[string]string{"tool": g.Scope.Tool}
 	case g.Scope.Name != "":
 		scope = map[string]string{"name": g.Scope.Name}
+	case g.Scope.Upstream != "":
+		m := map[string]string{"upstream": g.Scope.Upstream}
+		if g.Scope.URI != "" {
+			m["uri"] = g.Scope.URI
+		}
+		if g.Scope.Prompt != "" {
+			m["prompt"] = g.Scope.Prompt
+		}
+		scope = m
 	case !g.Scope.All:
 		return nil, fmt.Errorf("grant %s:%s has no scope", g.Resource, g.Action)
 	}
@@ -115,15 +135,28 @@ func (g *Grant) UnmarshalJSON(b []byte) error {
 		out.Scope = policy.Scope{All: true}
 	default:
 		var m struct {
-			Tool string `json:"tool"`
-			Name string `json:"name"`
+			Tool     string `json:"tool"`
+			Name     string `json:"name"`
+			Upstream string `json:"upstream"`
+			URI      string `json:"uri"`
+			Prompt   string `json:"prompt"`
 		}
 		d := json.NewDecoder(bytes.NewReader(st))
 		d.DisallowUnknownFields()
-		if err := d.Decode(&m); err != nil || (m.Tool == "") == (m.Name == "") {
-			return fmt.Errorf("grant %s:%s: scope %s: give exactly one of tool or name", j.Resource, j.Action, st)
+		err := d.Decode(&m)
+		if err == nil {
+			err = toolgate.CheckKeys(st)
 		}
-		out.Scope = policy.Scope{Tool: m.Tool, Name: m.Name}
+		kinds := 0
+		for _, set := range []bool{m.Tool != "", m.Name != "", m.Upstream != ""} {
+			if set {
+				kinds++
+			}
+		}
+		if err != nil || kinds != 1 || (m.Upstream == "" && (m.URI != "" || m.Prompt != "")) || (m.URI != "" && m.Prompt != "") {
+			return fmt.Errorf("grant %s:%s: scope %s: give exactly one of tool, name or upstream (with uri or prompt)", j.Resource, j.Action, st)
+		}
+		out.Scope = policy.Scope{Tool: m.Tool, Name: m.Name, Upstream: m.Upstream, URI: m.URI, Prompt: m.Prompt}
 	}
 	*g = out
 	return nil
@@ -152,6 +185,21 @@ func ParseGrant(s string) (policy.Grant, error) {
 		g.Scope = policy.Scope{Tool: strings.TrimPrefix(sc, "tool=")}
 	case strings.HasPrefix(sc, "name="):
 		g.Scope = policy.Scope{Name: strings.TrimPrefix(sc, "name=")}
+	case strings.HasPrefix(sc, "upstream="):
+		// upstream=U, upstream=U,uri=URI or upstream=U,prompt=NAME: an
+		// upstream name holds no comma, and the uri is the rest as written
+		// (commas included).
+		up, rest, _ := strings.Cut(strings.TrimPrefix(sc, "upstream="), ",")
+		g.Scope = policy.Scope{Upstream: up}
+		switch {
+		case rest == "":
+		case strings.HasPrefix(rest, "uri="):
+			g.Scope.URI = strings.TrimPrefix(rest, "uri=")
+		case strings.HasPrefix(rest, "prompt="):
+			g.Scope.Prompt = strings.TrimPrefix(rest, "prompt=")
+		default:
+			return policy.Grant{}, fmt.Errorf("grant %q: after upstream=%s, want ,uri=URI or ,prompt=NAME", s, up)
+		}
 	case g.Resource == "tool" || g.Resource == "approval":
 		g.Scope = policy.Scope{Tool: sc}
 	default:
@@ -171,12 +219,17 @@ func checkGrant(g policy.Grant, env *cond.Env) error {
 		return fmt.Errorf("resource and action are required")
 	case strings.ContainsAny(g.Resource+g.Action, "* \t\n"):
 		return fmt.Errorf("resource and action are exact names (a wildcard is written scope all)")
-	case !g.Scope.All && g.Scope.Tool == "" && g.Scope.Name == "":
-		return fmt.Errorf("scope is required (all, a tool or a name)")
+	case !g.Scope.All && g.Scope.Tool == "" && g.Scope.Name == "" && g.Scope.Upstream == "":
+		return fmt.Errorf("scope is required (all, a tool, a name or an upstream)")
 	case !printable(g.Resource) || !printable(g.Action):
 		return fmt.Errorf("resource and action must be printable UTF-8 without spaces")
 	case strings.TrimSpace(g.Scope.Tool+g.Scope.Name) != g.Scope.Tool+g.Scope.Name || !printable(g.Scope.Tool+g.Scope.Name):
 		return fmt.Errorf("scope %s must be printable UTF-8 without surrounding spaces", g.Scope)
+	case !printable(g.Scope.Upstream + g.Scope.URI + g.Scope.Prompt):
+		return fmt.Errorf("scope %s must be printable UTF-8 without spaces", g.Scope)
+	}
+	if err := policy.CheckAccessScope(g); err != nil {
+		return err
 	}
 	if g.Scope.Tool != "" {
 		if _, err := toolid.Map(g.Scope.Tool); err != nil {

@@ -29,6 +29,17 @@ func TestParseGrant(t *testing.T) {
 		{"*:invoke:all", policy.Grant{}, true},
 		{"tool:invoke:Not A Tool", policy.Grant{}, true},
 		{"tool:invoke:tool=", policy.Grant{}, true},
+		{"mcp_resource:read:upstream=docs", policy.Grant{Resource: "mcp_resource", Action: "read", Scope: policy.Scope{Upstream: "docs"}}, false},
+		{"mcp_resource:read:upstream=docs,uri=file:///docs/{+path}", policy.Grant{Resource: "mcp_resource", Action: "read", Scope: policy.Scope{Upstream: "docs", URI: "file:///docs/{+path}"}}, false},
+		{"mcp_resource:read:upstream=docs,uri=file:///a,b", policy.Grant{Resource: "mcp_resource", Action: "read", Scope: policy.Scope{Upstream: "docs", URI: "file:///a,b"}}, false},
+		{"prompt:get:upstream=docs,prompt=summarize", policy.Grant{Resource: "prompt", Action: "get", Scope: policy.Scope{Upstream: "docs", Prompt: "summarize"}}, false},
+		{"mcp_resource:write:upstream=docs", policy.Grant{}, true},
+		{"mcp_resource:read:upstream=docs,prompt=x", policy.Grant{}, true},
+		{"prompt:get:upstream=docs,uri=file:///x", policy.Grant{}, true},
+		{"mcp_resource:read:upstream=docs,uri=file:///docs/{+path", policy.Grant{}, true},
+		{"mcp_resource:read:upstream=docs,size=3", policy.Grant{}, true},
+		{"tool:invoke:upstream=docs", policy.Grant{}, true},
+		{"mcp_resource:read:docs", policy.Grant{}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.in, func(t *testing.T) {
@@ -59,6 +70,16 @@ func TestGrantJSON(t *testing.T) {
 		{"both scopes", `{"resource":"tool","action":"invoke","scope":{"tool":"a","name":"b"}}`, identity.Grant{}, true},
 		{"unknown field", `{"resource":"tool","action":"invoke","scope":"all","extra":1}`, identity.Grant{}, true},
 		{"unknown scope word", `{"resource":"tool","action":"invoke","scope":"everything"}`, identity.Grant{}, true},
+		{"an upstream", `{"resource":"mcp_resource","action":"read","scope":{"upstream":"docs"}}`,
+			identity.Grant{Resource: "mcp_resource", Action: "read", Scope: policy.Scope{Upstream: "docs"}}, false},
+		{"an upstream's uri", `{"resource":"mcp_resource","action":"read","scope":{"upstream":"docs","uri":"file:///docs/{+path}"}}`,
+			identity.Grant{Resource: "mcp_resource", Action: "read", Scope: policy.Scope{Upstream: "docs", URI: "file:///docs/{+path}"}}, false},
+		{"an upstream's prompt", `{"resource":"prompt","action":"get","scope":{"upstream":"docs","prompt":"summarize"}}`,
+			identity.Grant{Resource: "prompt", Action: "get", Scope: policy.Scope{Upstream: "docs", Prompt: "summarize"}}, false},
+		{"a uri without an upstream", `{"resource":"mcp_resource","action":"read","scope":{"uri":"file:///x"}}`, identity.Grant{}, true},
+		{"a uri and a prompt", `{"resource":"mcp_resource","action":"read","scope":{"upstream":"d","uri":"file:///x","prompt":"p"}}`, identity.Grant{}, true},
+		{"an upstream and a tool", `{"resource":"mcp_resource","action":"read","scope":{"upstream":"d","tool":"x"}}`, identity.Grant{}, true},
+		{"a scope key twice", `{"resource":"mcp_resource","action":"read","scope":{"upstream":"d","upstream":"e"}}`, identity.Grant{}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
