@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -35,6 +38,7 @@ func openPostgres(ctx context.Context, cfg Config) (*pgBackend, error) {
 	}
 	// Ad-hoc queries: never fill a per-connection statement cache.
 	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeDescribeExec
+	pc.ConnConfig.MaxProtocolMessageBodyLen = pgMaxMessageBytes
 	if pc.ConnConfig.RuntimeParams == nil {
 		pc.ConnConfig.RuntimeParams = map[string]string{}
 	}
@@ -830,7 +834,17 @@ func (b *pgBackend) inspect(ctx context.Context, q string) ([]TableRef, error) {
 	return refs, err
 }
 
-func (b *pgBackend) run(ctx context.Context, q string, maxRows int) (rows, error) {
+// pgMaxMessageBytes bounds every message the pool's connections read
+// from PostgreSQL (catalog lookups included); a query's rows have the
+// lower bound of limits.rowBound.
+const pgMaxMessageBytes = 16 << 20
+
+// pgRowSlack is what a row message may hold beyond the row bound: a
+// length word per column, and the row description (a name and 18 bytes
+// per column, up to 1664 columns).
+const pgRowSlack = 256 << 10
+
+func (b *pgBackend) run(ctx context.Context, q string, lim limits) (rows, error) {
 	var out rows
 	p, err := parsePG(q)
 	if err != nil {
@@ -840,39 +854,118 @@ func (b *pgBackend) run(ctx context.Context, q string, maxRows int) (rows, error
 		if _, err := b.resolve(ctx, tx, p); err != nil {
 			return err
 		}
-		// A cursor lets us stop after maxRows+1 rows. The extended
-		// protocol refuses more than one statement, a third guard.
-		res := tx.Conn().PgConn().ExecParams(ctx, "DECLARE toolgate_query NO SCROLL CURSOR FOR "+p.stmt, nil, nil, nil, nil).Read()
+		// A cursor lets us stop after maxRows+1 rows, or as soon as the
+		// rows read no longer fit the cap. The extended protocol refuses
+		// more than one statement, a third guard.
+		pgc := tx.Conn().PgConn()
+		res := pgc.ExecParams(ctx, "DECLARE toolgate_query NO SCROLL CURSOR FOR "+p.stmt, nil, nil, nil, nil).Read()
 		if res.Err != nil {
 			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, res.Err)
 		}
-		rs, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM toolgate_query", maxRows+1))
+		// A row larger than the bound is refused as it arrives (the
+		// connection is then closed), before it is held.
+		fe := pgc.Frontend()
+		fe.SetMaxBodyLen(lim.rowBound() + pgRowSlack)
+		defer fe.SetMaxBodyLen(pgMaxMessageBytes)
+		col, err := b.fetch(ctx, tx, lim)
 		if err != nil {
+			var big *pgproto3.ExceededMaxBodyLenErr
+			if errors.As(err, &big) {
+				return fmt.Errorf("sql.query %s: a row of the result is larger than %d bytes (PostgreSQL announced %d), the most one row may hold "+
+					"(the bound grows with Settings.result_max_kib); narrow the query: select fewer or shorter columns (left(col, 1000)): %w",
+					b.cfg.Name, lim.rowBound(), big.ActualBodyLen, ErrResultTooLarge)
+			}
 			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
 		}
-		defer rs.Close()
-		for _, fd := range rs.FieldDescriptions() {
-			out.columns = append(out.columns, fd.Name)
-		}
-		for rs.Next() {
-			if len(out.values) == maxRows {
-				out.more = true
-				break
-			}
-			vals, err := rs.Values()
-			if err != nil {
-				return err
-			}
-			for i := range vals {
-				vals[i] = jsonValue(vals[i])
-			}
-			out.values = append(out.values, vals)
-		}
-		rs.Close()
-		if err := rs.Err(); err != nil {
-			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
-		}
+		out = col.out
 		return nil
 	})
 	return out, err
+}
+
+// fetch reads the open cursor toolgate_query into a collector, in
+// batches sized so that PostgreSQL sends little beyond what the cap can
+// show. Values arrive in PostgreSQL's text format, whose size is at most
+// twice what they take in Content (bytea's hex digits), so a row is
+// refused by the collector before it is decoded; the binary format would
+// let a few bytes decode to far more (a numeric 1e131071 is 14 bytes, and
+// 131072 digits).
+func (b *pgBackend) fetch(ctx context.Context, tx pgx.Tx, lim limits) (*collector, error) {
+	pgc := tx.Conn().PgConn()
+	tm := tx.Conn().TypeMap()
+	var col *collector
+	batch := min(lim.maxRows+1, 8)
+	for {
+		rr := pgc.ExecParams(ctx, fmt.Sprintf("FETCH FORWARD %d FROM toolgate_query", batch), nil, nil, nil, []int16{pgtype.TextFormatCode})
+		fds := rr.FieldDescriptions()
+		if col == nil {
+			names := make([]string, len(fds))
+			for i, fd := range fds {
+				names[i] = fd.Name
+			}
+			col = newCollector(lim, names)
+		}
+		got, stop := 0, false
+		for rr.NextRow() {
+			got++
+			if !col.room() {
+				stop = true
+				break
+			}
+			raw := rr.Values()
+			n := 0
+			for _, v := range raw {
+				if v == nil {
+					n += len("NULL")
+				} else {
+					n += (len(v) + 1) / 2
+				}
+			}
+			if n = rowTextMin(len(raw), n); !col.fits(n) {
+				stop = true
+				break
+			}
+			vals, err := decodePGRow(tm, fds, raw)
+			if err != nil {
+				rr.Close()
+				return nil, err
+			}
+			col.add(vals, n)
+		}
+		if _, err := rr.Close(); err != nil {
+			return nil, err
+		}
+		if stop || got < batch {
+			return col, nil
+		}
+		// The next batch: about as many rows as the cap has room for,
+		// judged by the rows so far, and never past maxRows+1.
+		held := len(col.out.values)
+		perRow := max(col.used/max(held, 1), 1)
+		batch = max(min((lim.maxBytes-col.used)/perRow+1, lim.maxRows+1-held), 1)
+	}
+}
+
+// decodePGRow decodes one row of text-format values into JSON-ready
+// values (see jsonValue). A numeric stays the text PostgreSQL wrote (as
+// before: a JSON string); decoding it would cost time growing faster
+// than its digits. A type pgx does not know is its text.
+func decodePGRow(tm *pgtype.Map, fds []pgconn.FieldDescription, raw [][]byte) ([]any, error) {
+	vals := make([]any, len(raw))
+	for i, buf := range raw {
+		oid := fds[i].DataTypeOID
+		t, known := tm.TypeForOID(oid)
+		switch {
+		case buf == nil:
+		case oid == pgtype.NumericOID || !known:
+			vals[i] = string(buf)
+		default:
+			v, err := t.Codec.DecodeValue(tm, oid, pgtype.TextFormatCode, buf)
+			if err != nil {
+				return nil, fmt.Errorf("column %s: %w", fds[i].Name, err)
+			}
+			vals[i] = jsonValue(v)
+		}
+	}
+	return vals, nil
 }

@@ -584,7 +584,7 @@ func (b *sqliteBackend) inspect(ctx context.Context, q string) ([]TableRef, erro
 	return a.tables, nil
 }
 
-func (b *sqliteBackend) run(ctx context.Context, q string, maxRows int) (rows, error) {
+func (b *sqliteBackend) run(ctx context.Context, q string, lim limits) (rows, error) {
 	var out rows
 	err := b.withConn(ctx, denyAll, func(c *sql.Conn, raw any) error {
 		a, err := b.analyze(ctx, c, raw, q)
@@ -593,29 +593,46 @@ func (b *sqliteBackend) run(ctx context.Context, q string, maxRows int) (rows, e
 		}
 		// Execute under an enforcing authorizer: the same classification,
 		// and only the tables inspection reported.
-		g := &guard{tables: a.reads}
 		reg := raw.(sqlite.AuthorizerRegisterer)
+		g := &guard{tables: a.reads}
 		if err := c.Raw(func(any) error { return reg.RegisterAuthorizer(g.authorize) }); err != nil {
 			return err
 		}
-		rs, err := c.QueryContext(ctx, a.stmt)
+		vb, err := sqliteValueBound(ctx, c, a.stmt, lim)
 		if err != nil {
 			if g.violation != nil {
 				return g.violation
 			}
 			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
 		}
-		defer rs.Close()
-		out.columns, err = rs.Columns()
+		if _, err := sqlite.Limit(c, sqliteLimitLength, vb.value); err != nil {
+			return err
+		}
+		tooBig := func(err error) error {
+			var se *sqlite.Error
+			if errors.As(err, &se) && se.Code() == sqlite3.SQLITE_TOOBIG {
+				return fmt.Errorf("sql.query %s: a value the query reads or builds is larger than %d bytes, the most one value of this query may hold "+
+					"(%d bytes shared among the %d steps of its program that hold values; the bound grows with Settings.result_max_kib); "+
+					"narrow the query: fewer or shorter values (a stored value larger than the bound cannot be read, not even by substr or length): %w",
+					b.cfg.Name, vb.value, lim.rowBound(), vb.steps, ErrResultTooLarge)
+			}
+			if g.violation != nil {
+				return g.violation
+			}
+			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
+		}
+		rs, err := c.QueryContext(ctx, a.stmt)
+		if err != nil {
+			return tooBig(err)
+		}
+		defer rs.Close() // stops the statement when reading stops early
+		cols, err := rs.Columns()
 		if err != nil {
 			return err
 		}
-		for rs.Next() {
-			if len(out.values) == maxRows {
-				out.more = true
-				break
-			}
-			vals := make([]any, len(out.columns))
+		col := newCollector(lim, cols)
+		for rs.Next() && col.room() {
+			vals := make([]any, len(cols))
 			ptrs := make([]any, len(vals))
 			for i := range vals {
 				ptrs[i] = &vals[i]
@@ -623,17 +640,22 @@ func (b *sqliteBackend) run(ctx context.Context, q string, maxRows int) (rows, e
 			if err := rs.Scan(ptrs...); err != nil {
 				return err
 			}
+			n := 0
+			for _, v := range vals {
+				n += cellTextMin(v)
+			}
+			if n = rowTextMin(len(cols), n); !col.fits(n) {
+				break
+			}
 			for i := range vals {
 				vals[i] = jsonValue(vals[i])
 			}
-			out.values = append(out.values, vals)
+			col.add(vals, n)
 		}
 		if err := rs.Err(); err != nil {
-			if g.violation != nil {
-				return g.violation
-			}
-			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
+			return tooBig(err)
 		}
+		out = col.out
 		if g.violation != nil {
 			return g.violation
 		}
@@ -641,3 +663,71 @@ func (b *sqliteBackend) run(ctx context.Context, q string, maxRows int) (rows, e
 	})
 	return out, err
 }
+
+// valueBound is the bound of one SQLite value for one statement.
+type valueBound struct {
+	value int // bytes, for SQLITE_LIMIT_LENGTH
+	steps int // the program steps it is shared among
+}
+
+// sqliteValueBound divides the row bound W (limits.rowBound) among the
+// values a statement can hold at once, so that together they stay within
+// W: SQLite bounds each string and blob it builds or reads by
+// SQLITE_LIMIT_LENGTH, but a statement holds many at once (every result
+// column, every constant subexpression in its own register, every
+// aggregate), so the bound of one is W divided by the number of steps of
+// the statement's program (EXPLAIN) that can hold one: every step except
+// those known to hold none (jumps, comparisons, integer arithmetic,
+// cursor moves), a range copy counting once per register it copies. The
+// bound is at least MinValueBound.
+func sqliteValueBound(ctx context.Context, c *sql.Conn, stmt string, lim limits) (valueBound, error) {
+	rs, err := c.QueryContext(ctx, "EXPLAIN "+stmt)
+	if err != nil {
+		return valueBound{}, err
+	}
+	defer rs.Close()
+	steps := 0
+	for rs.Next() {
+		var (
+			addr, p1, p2, p3 int64
+			op               string
+			p4, p5, comment  any
+		)
+		if err := rs.Scan(&addr, &op, &p1, &p2, &p3, &p4, &p5, &comment); err != nil {
+			return valueBound{}, err
+		}
+		switch {
+		case valuelessOps[op]:
+		case op == "Copy":
+			steps += int(max(p3, 0)) + 1
+		default:
+			steps++
+		}
+	}
+	if err := rs.Err(); err != nil {
+		return valueBound{}, err
+	}
+	steps = max(steps, 1)
+	return valueBound{value: max(lim.rowBound()/steps, MinValueBound), steps: steps}, nil
+}
+
+// valuelessOps are the opcodes of SQLite's virtual machine that never
+// make a string or blob a register keeps (control flow, comparisons,
+// integer arithmetic, cursor moves, integers and NULLs); every other step
+// of a program may hold one value. An opcode not listed counts: the list
+// only lowers the count.
+var valuelessOps = setOf(
+	"Init", "Goto", "Gosub", "Return", "InitCoroutine", "Yield", "EndCoroutine", "BeginSubrtn", "Once", "Halt", "HaltIfNull",
+	"Jump", "If", "IfNot", "IfPos", "IfNotZero", "DecrJumpZero", "IfNullRow", "IsNull", "NotNull", "IsTrue", "IsType",
+	"Eq", "Ne", "Lt", "Le", "Gt", "Ge", "ElseEq", "Compare", "Permutation", "And", "Or", "Not", "BitNot",
+	"BitAnd", "BitOr", "ShiftLeft", "ShiftRight", "Add", "Subtract", "Multiply", "Divide", "Remainder", "AddImm",
+	"MustBeInt", "RealAffinity", "Integer", "Int64", "Real", "Null", "SoftNull", "ZeroOrNull", "IntCopy", "Move",
+	"MemMax", "Offset", "OffsetLimit", "Count", "Sequence", "SequenceTest", "Rowid", "IdxRowid", "NullRow",
+	"Transaction", "TableLock", "OpenRead", "ReopenIdx", "OpenDup", "OpenPseudo", "Close", "ColumnsUsed", "CursorHint",
+	"Rewind", "Next", "Prev", "Last", "SeekEnd", "SeekRowid", "NotExists", "SeekLT", "SeekLE", "SeekGE", "SeekGT",
+	"SeekScan", "SeekHit", "IdxLE", "IdxGT", "IdxLT", "IdxGE", "Found", "NotFound", "NoConflict", "IfNoHope",
+	"DeferredSeek", "FinishSeek", "IfEmpty", "IfSizeBetween", "Sort", "SorterSort", "SorterNext", "SorterCompare",
+	"ResultRow", "TypeCheck", "CollSeq", "ReleaseReg", "Noop", "Explain", "Abortable", "Trace", "MaxPgcnt",
+	"Pagecount", "ReadCookie", "Expire", "CursorLock", "CursorUnlock", "ResetSorter", "VNext", "Filter",
+	"RowSetTest", "RowSetRead", "ClrSubtype", "GetSubtype", "SetSubtype",
+)
