@@ -280,13 +280,20 @@ type authEvent struct {
 // to sqlite_master that come with DDL are recorded and allowed, so that
 // SQLite goes on to present the DDL action itself, which names what the
 // statement does (DROP TABLE orders rather than DELETE FROM sqlite_master).
+// Before authorization (deferViews), an action inside a view or CTE (the
+// authorizer's context names it) that would be refused is recorded in
+// deferred and allowed; analyze refuses those of CTEs, and leaves those
+// of views to Run, so that a refusal does not describe a view the caller
+// may not read.
 type guard struct {
-	mu        sync.Mutex
-	events    []authEvent
-	violation *toolgate.Error // the first refused action
-	schemaOp  *toolgate.Error // the first write to sqlite_master, when analysing
-	tables    map[string]bool
-	analysing bool
+	mu         sync.Mutex
+	events     []authEvent
+	violation  *toolgate.Error // the first refused action
+	schemaOp   *toolgate.Error // the first write to sqlite_master, when analysing
+	deferred   []deferral      // refused actions inside a view or CTE, when deferring
+	tables     map[string]bool
+	analysing  bool
+	deferViews bool
 }
 
 func (g *guard) authorize(action sqlite.AuthorizerActionCode, a1, a2, dbName, ctx string) sqlite.AuthorizerReturnCode {
@@ -307,10 +314,20 @@ func (g *guard) authorize(action sqlite.AuthorizerActionCode, a1, a2, dbName, ct
 		}
 		return sqlite.AuthorizerOK // prepared only; it never runs
 	}
+	if g.analysing && g.deferViews && e.ctx != "" {
+		g.deferred = append(g.deferred, deferral{e.ctx, err})
+		return sqlite.AuthorizerOK // prepared only, never run
+	}
 	if g.violation == nil {
 		g.violation = err
 	}
 	return sqlite.AuthorizerDeny
+}
+
+// deferral is a refusal of an action inside the view or CTE ctx.
+type deferral struct {
+	ctx string
+	err *toolgate.Error
 }
 
 // refusal is the refusal to report: the statement's own action first.
@@ -441,8 +458,9 @@ type analysis struct {
 }
 
 // analyze classifies q on connection c (raw is its driver connection) and
-// leaves the deny-all authorizer in place.
-func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q string) (*analysis, error) {
+// leaves the deny-all authorizer in place. Before authorization (ph), what
+// a view reads or calls is reported, never refused (see guard).
+func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q string, ph phase) (*analysis, error) {
 	pieces, err := splitStatements(q)
 	if err != nil {
 		return nil, err
@@ -457,9 +475,11 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 	var stmts []string
 	a := &analysis{reads: map[string]bool{}}
 	var readNames []string
+	var reads []authEvent
+	var deferred []deferral
 	columnRead := map[string]bool{} // names some column was read from
 	for _, p := range pieces {
-		g := &guard{analysing: true}
+		g := &guard{analysing: true, deferViews: ph == beforeAuth}
 		var info []sqlite.ColumnInfo
 		err := c.Raw(func(any) error {
 			if err := reg.RegisterAuthorizer(g.authorize); err != nil {
@@ -487,9 +507,11 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 				"sql.query refused %s: it is not a query; only a single read-only SELECT may run", quoteStmt(p))
 		}
 		stmts = append(stmts, p)
+		deferred = append(deferred, g.deferred...)
 		for _, e := range g.events {
 			if e.action == sqlite.AuthRead {
 				readNames = append(readNames, e.arg1)
+				reads = append(reads, e)
 				if e.arg2 != "" || e.dbName != "" {
 					columnRead[strings.ToLower(e.arg1)] = true
 				}
@@ -508,7 +530,7 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 
 	schema := map[string]schemaEntry{}
 	modules := map[string]bool{}
-	if len(readNames) > 0 {
+	if len(readNames) > 0 || len(deferred) > 0 {
 		// Read the schema on this same connection, under allow-all.
 		if err := c.Raw(func(any) error { return reg.RegisterAuthorizer(allowAll) }); err != nil {
 			return nil, err
@@ -537,6 +559,19 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 			return nil, fmt.Errorf("read schema: %w", err)
 		}
 	}
+	// What a view does is refused by Run only; what a CTE does, now.
+	isView := func(ctx string) bool { return ctx != "" && schema[strings.ToLower(ctx)].typ == "view" }
+	for _, d := range deferred {
+		if !isView(d.ctx) {
+			return nil, d.err
+		}
+	}
+	outsideView := map[string]bool{} // names read other than inside a view
+	for _, e := range reads {
+		if !isView(e.ctx) {
+			outsideView[strings.ToLower(e.arg1)] = true
+		}
+	}
 	seen := map[string]bool{}
 	for _, n := range readNames {
 		low := strings.ToLower(n)
@@ -555,6 +590,8 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 			// SQLite names a FROM item it reads no column of (count(*)):
 			// not a table, view or virtual table, so a CTE or subquery,
 			// whose own reads were reported.
+		case ph == beforeAuth && !outsideView[low]:
+			// Read by a view only: Run refuses it.
 		default:
 			return nil, builtin.Refuse(toolgate.CodeUnsafeQuery,
 				"sql.query refused reading %s: it is a table-valued function or virtual table, not a table of database %q", n, b.cfg.Name)
@@ -575,7 +612,7 @@ func quoteStmt(s string) string {
 func (b *sqliteBackend) inspect(ctx context.Context, q string) ([]TableRef, error) {
 	var a *analysis
 	err := b.withConn(ctx, denyAll, func(c *sql.Conn, raw any) (err error) {
-		a, err = b.analyze(ctx, c, raw, q)
+		a, err = b.analyze(ctx, c, raw, q, beforeAuth)
 		return err
 	})
 	if err != nil {
@@ -587,7 +624,7 @@ func (b *sqliteBackend) inspect(ctx context.Context, q string) ([]TableRef, erro
 func (b *sqliteBackend) run(ctx context.Context, q string, lim limits) (rows, error) {
 	var out rows
 	err := b.withConn(ctx, denyAll, func(c *sql.Conn, raw any) error {
-		a, err := b.analyze(ctx, c, raw, q)
+		a, err := b.analyze(ctx, c, raw, q, afterAuth)
 		if err != nil {
 			return err
 		}

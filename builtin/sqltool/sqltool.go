@@ -35,6 +35,30 @@
 // TABLESAMPLE methods, in the query and in the body of every view it
 // reads. Config.AllowedFunctions permits more.
 //
+// Nothing may ask the catalog about objects the caller may not read. On
+// PostgreSQL the catalog-lookup types (regclass, regproc, regtype, ...:
+// regTypeNames), whose input answers whether a name exists, are refused
+// as casts, literals and column definitions, through every type built on
+// them, as columns of the tables and views read, and in the overloads of
+// the functions called (to_tsvector('english', x) passes a regconfig);
+// COLLATE names only pg_catalog's collations; and a type naming a table's
+// or view's row type (NULL::t, which shows its columns) is a read of that
+// table, a type name that resolves to nothing being reported like a table
+// that does not exist. Inspect runs before authorization, so its
+// refusals depend only on the query and on objects that are not tables
+// or views: what a table or view is (a view's body, a column's type, a
+// row type's fields) is checked by Run, after authorization, on both
+// databases.
+//
+// Reading stops at the result cap: rows are read while a lower bound of
+// the bytes they take in Content fits the cap, then the query is stopped
+// (SQLite: the statement reset; PostgreSQL: the cursor fetched in small
+// batches, in text format, so nothing is decoded past the cap) and the
+// cut marked. One row (PostgreSQL, refused as it arrives) or all values a
+// SQLite statement holds at once (SQLITE_LIMIT_LENGTH, divided among its
+// program's steps) may hold at most max(16 x cap, 4 MiB)
+// (RowBoundFactor); more fails the call with ErrResultTooLarge.
+//
 // Resource names are injective: a part holding '.' or '"' is quoted
 // (policy.JoinName), so the table "orders.secret" is shop."orders.secret",
 // which a grant on shop.orders does not cover.
@@ -42,9 +66,12 @@
 // Known limits: on PostgreSQL, what the planner chooses implicitly is not
 // seen (implicit casts, and the equality and sort operators of GROUP BY,
 // DISTINCT and joins, for types defined outside pg_catalog); row-level
-// policies are the table owner's. On SQLite a query naming a table that
-// does not exist fails to prepare, so the refusal says so before
-// authorization (PostgreSQL and describe_table report the name instead).
+// policies are the table owner's. On SQLite a query naming a table or
+// column that does not exist fails to prepare, so the refusal says so
+// before authorization (PostgreSQL and describe_table report the name
+// instead). The memory a query works in (SQLite's sorter and temporary
+// tables, about 2 MiB each before they spill to disk) is bounded by the
+// statement timeout, not by the cap.
 package sqltool
 
 import (
