@@ -1212,11 +1212,11 @@ func (b *pgBackend) run(ctx context.Context, q string, lim limits) (rows, error)
 
 // fetch reads the open cursor toolgate_query into a collector, in
 // batches sized so that PostgreSQL sends little beyond what the cap can
-// show. Values arrive in PostgreSQL's text format, whose size is at most
-// twice what they take in Content (bytea's hex digits), so a row is
-// refused by the collector before it is decoded; the binary format would
-// let a few bytes decode to far more (a numeric 1e131071 is 14 bytes, and
-// 131072 digits).
+// show. Values arrive in PostgreSQL's text format, of which a value takes
+// at least half, less one byte, in Content (bytea's "\x" and hex digits
+// are the worst), so a row is refused by the collector before it is
+// decoded; the binary format would let a few bytes decode to far more (a
+// numeric 1e131071 is 14 bytes, and 131072 digits).
 func (b *pgBackend) fetch(ctx context.Context, tx pgx.Tx, lim limits) (*collector, error) {
 	pgc := tx.Conn().PgConn()
 	tm := tx.Conn().TypeMap()
@@ -1245,7 +1245,7 @@ func (b *pgBackend) fetch(ctx context.Context, tx pgx.Tx, lim limits) (*collecto
 				if v == nil {
 					n += len("NULL")
 				} else {
-					n += (len(v) + 1) / 2
+					n += max(len(v)/2-1, 0)
 				}
 			}
 			if n = rowTextMin(len(raw), n); !col.fits(n) {

@@ -66,7 +66,10 @@ func allowAll(sqlite.AuthorizerActionCode, string, string, string, string) sqlit
 	return sqlite.AuthorizerOK
 }
 
-// MaxValueBytes bounds one string or blob a SQLite query may build.
+// MaxValueBytes bounds one string or blob any statement on a SQLite
+// connection of this package may build or read (its own schema reads
+// included); sql.query's statements have the lower bound of
+// sqliteValueBound.
 const MaxValueBytes = 16 << 20
 
 // sqliteLimitLength is SQLITE_LIMIT_LENGTH.
@@ -129,9 +132,8 @@ func (b *sqliteBackend) withConn(ctx context.Context, auth sqlite.AuthorizerFn, 
 		return err
 	}
 	defer c.Close()
-	// Bound every string and blob a query may build (zeroblob(450e6)
-	// would otherwise take gigabytes before the result cap cuts it);
-	// with at most 4 connections, a database's memory stays bounded.
+	// Bound every string and blob a statement may build (zeroblob(450e6)
+	// would otherwise take gigabytes); run lowers it for the query.
 	if _, err := sqlite.Limit(c, sqliteLimitLength, MaxValueBytes); err != nil {
 		return err
 	}
@@ -718,6 +720,11 @@ type valueBound struct {
 // cursor moves), a range copy counting once per register it copies. The
 // bound is at least MinValueBound.
 func sqliteValueBound(ctx context.Context, c *sql.Conn, stmt string, lim limits) (valueBound, error) {
+	if strings.EqualFold(leadingWord(stmt), "explain") {
+		// Its rows list the program of the statement it explains, whose
+		// values come from the query text: nothing to divide.
+		return valueBound{value: lim.rowBound() / explainColumns, steps: explainColumns}, nil
+	}
 	rs, err := c.QueryContext(ctx, "EXPLAIN "+stmt)
 	if err != nil {
 		return valueBound{}, err
@@ -746,6 +753,39 @@ func sqliteValueBound(ctx context.Context, c *sql.Conn, stmt string, lim limits)
 	}
 	steps = max(steps, 1)
 	return valueBound{value: max(lim.rowBound()/steps, MinValueBound), steps: steps}, nil
+}
+
+// explainColumns is the number of columns of EXPLAIN's result.
+const explainColumns = 8
+
+// leadingWord returns the first word of a statement, after white space and
+// comments ("--" to the end of the line, "/* */").
+func leadingWord(stmt string) string {
+	for {
+		stmt = strings.TrimLeft(stmt, " \t\r\n\f")
+		switch {
+		case strings.HasPrefix(stmt, "--"):
+			_, rest, ok := strings.Cut(stmt, "\n")
+			if !ok {
+				return ""
+			}
+			stmt = rest
+		case strings.HasPrefix(stmt, "/*"):
+			_, rest, ok := strings.Cut(stmt[2:], "*/")
+			if !ok {
+				return ""
+			}
+			stmt = rest
+		default:
+			end := strings.IndexFunc(stmt, func(r rune) bool {
+				return !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+			})
+			if end < 0 {
+				return stmt
+			}
+			return stmt[:end]
+		}
+	}
 }
 
 // valuelessOps are the opcodes of SQLite's virtual machine that never
