@@ -90,6 +90,8 @@ func TestCatalogOracles(t *testing.T) {
 			{"regconfig", "SELECT 'english'::regconfig", unsafeQ, nil, unsafeQ, []string{"regconfig"}},
 			{"regdictionary", "SELECT 'simple'::regdictionary", unsafeQ, nil, unsafeQ, []string{"regdictionary"}},
 			{"regcollation", `SELECT 'C'::regcollation`, unsafeQ, nil, unsafeQ, []string{"regcollation"}},
+			{"aclitem names a role", "SELECT 'r7=r/postgres'::aclitem", unsafeQ, nil, unsafeQ, []string{"aclitem"}},
+			{"aclitem array", "SELECT '{}'::aclitem[]", unsafeQ, nil, unsafeQ, []string{"aclitem"}},
 			{"column definition list", `SELECT r FROM json_to_record('{"r": "orders"}') AS x(r regclass)`, unsafeQ, nil, unsafeQ, []string{"regclass"}},
 			{"in a subquery of WHERE", "SELECT id FROM orders WHERE id IN (SELECT 'orders'::regclass::oid::int)", unsafeQ, nil, unsafeQ, []string{"regclass"}},
 			{"domain over regclass", "SELECT 'orders'::rc", unsafeQ, nil, unsafeQ, []string{"rc", "built on regclass"}},
@@ -124,6 +126,7 @@ func TestCatalogOracles(t *testing.T) {
 			{"view hiding it", "SELECT id FROM no_reg_view", "", []string{"{schema}.no_reg_view", "{schema}.reg_holder"}, "", nil},
 			{"view casting to regclass", "SELECT o FROM cast_view", "", []string{"{schema}.api_tokens", "{schema}.cast_view"}, unsafeQ, []string{"view " + schema + ".cast_view", "regclass"}},
 			{"view calling pg_typeof", "SELECT t FROM typeof_view", "", []string{"{schema}.typeof_view"}, unsafeQ, []string{"typeof_view", "pg_typeof"}},
+			{"catalog table with aclitem and regproc columns", "SELECT proname FROM pg_catalog.pg_proc LIMIT 1", "", []string{"pg_catalog.pg_proc"}, unsafeQ, []string{"pg_proc", "column"}},
 			{"view naming a row type", "SELECT id FROM rowtype_view", "", []string{"{schema}.api_tokens", "{schema}.rowtype_view"}, "", nil},
 		}
 		runCatalogCases(t, db, "shop.", schema, cases)

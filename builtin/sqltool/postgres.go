@@ -794,13 +794,21 @@ func (b *pgBackend) typeRels(ctx context.Context, tx pgx.Tx, types []TableRef, p
 // (a cast from text, a literal, a text argument where one is expected)
 // looks a name up in the catalog, so that 'r7.secret'::regclass answers
 // whether a table the caller may not read exists (its oid, or "does not
-// exist"). No query may use them: not as a cast or a column definition,
-// not through an array, domain, composite or range built on one, not as
-// a column of a table or view it reads, and not through a function that
-// takes or returns one.
+// exist"), and 'r7=r/postgres'::aclitem whether a role does. Every other
+// type of pg_catalog whose name starts with "reg" counts too (regPattern),
+// so that one a later PostgreSQL adds is covered. No query may use them:
+// not as a cast or a column definition, not through an array, domain,
+// composite or range built on one, not as a column of a table or view it
+// reads, and not through a function that takes or returns one.
 var regTypeNames = []string{
 	"regclass", "regproc", "regprocedure", "regoper", "regoperator", "regtype",
-	"regnamespace", "regrole", "regconfig", "regdictionary", "regcollation",
+	"regnamespace", "regrole", "regconfig", "regdictionary", "regcollation", "aclitem",
+}
+
+// regPattern is the SQL condition on pg_type t for a catalog-lookup type
+// ($N: regTypeNames).
+func regPattern(n int) string {
+	return fmt.Sprintf(`(t.typnamespace = 'pg_catalog'::regnamespace AND (t.typname = ANY ($%d::text[]) OR (t.typname LIKE 'reg%%' AND t.typcategory <> 'A')))`, n)
 }
 
 // regTypes returns the oids of the catalog-lookup types and of every type
@@ -809,7 +817,7 @@ func regTypes(ctx context.Context, tx pgx.Tx) ([]int64, error) {
 	var out []int64
 	err := tx.QueryRow(ctx, `
 		WITH RECURSIVE base(oid) AS (
-			SELECT t.oid FROM pg_type t WHERE t.typnamespace = 'pg_catalog'::regnamespace AND t.typname = ANY ($1::text[])
+			SELECT t.oid FROM pg_type t WHERE `+regPattern(1)+`
 		), part(typ, part) AS (
 			SELECT t.oid, t.typelem FROM pg_type t WHERE t.typelem <> 0
 			UNION ALL
@@ -1060,7 +1068,7 @@ func lookupType(ctx context.Context, tx pgx.Tx, t TableRef, ph phase) (typeInfo,
 		SELECT 0, 'found', '', '', 0::int8 WHERE EXISTS (SELECT FROM typ)
 		UNION ALL
 		SELECT 1, 'reg', '', t.typname::text, 0 FROM typ JOIN pg_type t ON t.oid = typ.oid
-		WHERE t.typnamespace = 'pg_catalog'::regnamespace AND t.typname = ANY ($4::text[])
+		WHERE `+regPattern(4)+`
 		UNION ALL
 		SELECT 2, 'cast', pn.nspname, p.proname, 0
 		FROM typ JOIN pg_cast c ON c.casttarget = typ.oid
@@ -1133,7 +1141,7 @@ func (b *pgBackend) checkTypeInfo(t TableRef, info typeInfo, in string) error {
 			what = "is built on"
 		}
 		return refuseIn(in, "type %s: it %s %s, a type whose input looks names up in the catalog (an existence oracle: 'r7.secret'::regclass); "+
-			"the reg* types (%s) may not be used", t, what, info.reg, strings.Join(regTypeNames, ", "))
+			"these types may not be used: %s and every other reg* type", t, what, info.reg, strings.Join(regTypeNames, ", "))
 	}
 	for _, u := range info.unsafe {
 		if b.functionAllowed(u.schema, u.name) {

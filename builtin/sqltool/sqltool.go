@@ -69,7 +69,12 @@
 // policies are the table owner's. On SQLite a query naming a table or
 // column that does not exist fails to prepare, so the refusal says so
 // before authorization (PostgreSQL and describe_table report the name
-// instead). The memory a query works in (SQLite's sorter and temporary
+// instead). Before authorization PostgreSQL still answers, for names on
+// the search path, in which schema a table lives (its resource name) and
+// whether a function, operator or type of its own exists (the refusal
+// names it); the resources Inspect reports include the tables below the
+// views read, so a decision's refusal may name one. The memory a query
+// works in (SQLite's sorter and temporary
 // tables, about 2 MiB each before they spill to disk) is bounded by the
 // statement timeout, not by the cap.
 package sqltool
