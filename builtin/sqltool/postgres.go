@@ -8,6 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	pg "github.com/pganalyze/pg_query_go/v6"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -35,6 +38,7 @@ func openPostgres(ctx context.Context, cfg Config) (*pgBackend, error) {
 	}
 	// Ad-hoc queries: never fill a per-connection statement cache.
 	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeDescribeExec
+	pc.ConnConfig.MaxProtocolMessageBodyLen = pgMaxMessageBytes
 	if pc.ConnConfig.RuntimeParams == nil {
 		pc.ConnConfig.RuntimeParams = map[string]string{}
 	}
@@ -184,11 +188,19 @@ func (b *pgBackend) describe(ctx context.Context, ref TableRef) ([]ColumnInfo, e
 
 // pgParsed is what the parse tree says, before catalog lookups.
 type pgParsed struct {
-	stmt  string     // the statement's own text
-	rels  []TableRef // relation references that are not CTEs, as written
-	funcs []TableRef // function calls, as written (Schema "" when unqualified)
-	ops   []TableRef // operators, as written (OPERATOR(schema.op) qualified)
-	types []TableRef // type names (casts, column definitions), as written
+	stmt       string     // the statement's own text
+	rels       []TableRef // relation references that are not CTEs, as written
+	funcs      []callRef  // function calls, as written (Schema "" when unqualified)
+	ops        []TableRef // operators, as written (OPERATOR(schema.op) qualified)
+	types      []TableRef // type names (casts, column definitions), as written
+	collations []TableRef // COLLATE names, as written
+}
+
+// callRef is one function call: its name and how many arguments it
+// passes (WITHIN GROUP's ordering columns included).
+type callRef struct {
+	TableRef
+	nargs int
 }
 
 // cteScope is the set of CTE names visible at a point of the tree.
@@ -240,6 +252,8 @@ func (w *walker) walk(m protoreflect.Message, sc *cteScope) {
 		return
 	case *pg.FuncCall:
 		w.funcCall(n)
+	case *pg.CollateClause:
+		w.collation(n.Collname)
 	case *pg.A_Expr:
 		w.operator(n.Name)
 	case *pg.SubLink:
@@ -372,7 +386,21 @@ func (w *walker) funcCall(n *pg.FuncCall) {
 		w.fail(builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: function name %q cannot be classified", namesText(n.Funcname)))
 		return
 	}
-	w.parsed.funcs = append(w.parsed.funcs, ref)
+	nargs := len(n.Args)
+	if n.AggWithinGroup {
+		nargs += len(n.AggOrder)
+	}
+	w.parsed.funcs = append(w.parsed.funcs, callRef{ref, nargs})
+}
+
+// collation records a COLLATE name.
+func (w *walker) collation(names []*pg.Node) {
+	ref, ok := qualifiedName(names)
+	if !ok {
+		w.fail(builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: collation %q cannot be classified", namesText(names)))
+		return
+	}
+	w.parsed.collations = append(w.parsed.collations, ref)
 }
 
 // operator records an operator name (none for an A_Expr kind without one).
@@ -526,26 +554,60 @@ func stmtText(q string, raw *pg.RawStmt) string {
 	return strings.TrimSpace(q[start:end])
 }
 
+// phase says what a check may look at when it refuses. Before
+// authorization (Inspect) a refusal may depend only on the query and on
+// objects that are not tables or views (functions, operators, types of
+// their own); what a table or view is (its columns' types, its row type's
+// fields, a view's body) is only reported as resources, so that no
+// refusal describes an object the caller may not read. After
+// authorization (Run) every check applies.
+type phase int
+
+const (
+	beforeAuth phase = iota
+	afterAuth
+)
+
 // resolve looks up functions and relations in the catalog, inside tx, and
-// returns every table and view read, views expanded.
-func (b *pgBackend) resolve(ctx context.Context, tx pgx.Tx, p *pgParsed) ([]TableRef, error) {
-	if err := b.checkCalls(ctx, tx, p, ""); err != nil {
+// returns every table and view read, views expanded, and the tables and
+// views whose row types the query names.
+func (b *pgBackend) resolve(ctx context.Context, tx pgx.Tx, p *pgParsed, ph phase) ([]TableRef, error) {
+	reg, err := regTypes(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	typeRels, err := b.checkCalls(ctx, tx, p, "", ph, reg)
+	if err != nil {
 		return nil, err
 	}
 	var out []TableRef
-	var oids []int64
+	var oids, named []int64
 	seen := map[TableRef]bool{}
+	add := func(ref TableRef) {
+		if !seen[ref] {
+			seen[ref] = true
+			out = append(out, ref)
+		}
+	}
 	for _, r := range p.rels {
 		oid, ref, found, err := resolveRel(ctx, tx, r)
 		if err != nil {
 			return nil, fmt.Errorf("resolve %s: %w", r, err)
 		}
-		if !seen[ref] {
-			seen[ref] = true
-			out = append(out, ref)
-		}
+		add(ref)
 		if found {
 			oids = append(oids, int64(oid))
+		}
+	}
+	for _, t := range typeRels {
+		add(t.ref)
+		if t.oid != 0 {
+			named = append(named, int64(t.oid))
+		}
+	}
+	if ph == afterAuth {
+		if err := checkRegColumns(ctx, tx, append(append([]int64{}, oids...), named...), reg); err != nil {
+			return nil, err
 		}
 	}
 	if len(oids) == 0 {
@@ -566,17 +628,18 @@ func (b *pgBackend) resolve(ctx context.Context, tx pgx.Tx, p *pgParsed) ([]Tabl
 		if err := rs.Scan(&ref.Schema, &ref.Name); err != nil {
 			return nil, err
 		}
-		if !seen[ref] {
-			seen[ref] = true
-			out = append(out, ref)
-		}
+		add(ref)
 	}
 	if err := rs.Err(); err != nil {
 		return nil, err
 	}
 	rs.Close()
-	if err := b.checkViewCalls(ctx, tx, oids); err != nil {
+	viewRels, err := b.checkViewCalls(ctx, tx, oids, ph, reg)
+	if err != nil {
 		return nil, err
+	}
+	for _, t := range viewRels {
+		add(t.ref)
 	}
 	return out, nil
 }
@@ -600,15 +663,17 @@ const viewDepsSQL = `
 // pg_get_viewdef (names qualified where the search path would not find
 // them) and parsed like the query (PostgreSQL does not record dependencies
 // on pg_catalog's own functions). A materialized view's body does not run
-// when it is read.
-func (b *pgBackend) checkViewCalls(ctx context.Context, tx pgx.Tx, oids []int64) error {
+// when it is read. It returns the tables and views whose row types the
+// bodies name; before authorization it refuses nothing (a refusal would
+// describe the view), after it, the first refusal is returned.
+func (b *pgBackend) checkViewCalls(ctx context.Context, tx pgx.Tx, oids []int64, ph phase, reg []int64) ([]typeRel, error) {
 	rs, err := tx.Query(ctx, viewDepsSQL+`
 		SELECT n.nspname, c.relname, pg_get_viewdef(c.oid)
 		FROM deps JOIN pg_class c ON c.oid = deps.oid JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind = 'v'
 		ORDER BY 1, 2`, oids)
 	if err != nil {
-		return fmt.Errorf("expand views: %w", err)
+		return nil, fmt.Errorf("expand views: %w", err)
 	}
 	type view struct {
 		ref TableRef
@@ -619,43 +684,203 @@ func (b *pgBackend) checkViewCalls(ctx context.Context, tx pgx.Tx, oids []int64)
 		var v view
 		if err := rs.Scan(&v.ref.Schema, &v.ref.Name, &v.def); err != nil {
 			rs.Close()
-			return err
+			return nil, err
 		}
 		views = append(views, v)
 	}
 	rs.Close()
 	if err := rs.Err(); err != nil {
-		return err
+		return nil, err
 	}
+	var out []typeRel
 	for _, v := range views {
 		p, err := parsePG(v.def)
+		switch {
+		case err != nil && ph == beforeAuth:
+			continue
+		case err != nil:
+			return nil, builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: the body of view %s cannot be classified: %v", v.ref, err)
+		}
+		var rels []typeRel
+		if ph == beforeAuth {
+			rels, err = b.typeRels(ctx, tx, p.types, ph)
+		} else {
+			rels, err = b.checkCalls(ctx, tx, p, "view "+v.ref.String(), ph, reg)
+		}
 		if err != nil {
-			return builtin.Refuse(toolgate.CodeUnparsableQuery, "sql.query: the body of view %s cannot be classified: %v", v.ref, err)
+			return nil, err
 		}
-		if err := b.checkCalls(ctx, tx, p, "view "+v.ref.String()); err != nil {
-			return err
-		}
+		out = append(out, rels...)
 	}
-	return nil
+	return out, nil
 }
 
-// checkCalls checks every function, operator and type p names; in, when
-// set, names the view whose body p is, for the refusal.
-func (b *pgBackend) checkCalls(ctx context.Context, tx pgx.Tx, p *pgParsed, in string) error {
-	for _, check := range []struct {
-		refs []TableRef
-		fn   func(context.Context, pgx.Tx, TableRef, string) error
-	}{{p.funcs, b.checkFunction}, {p.ops, b.checkOperator}, {p.types, b.checkType}} {
-		seen := map[TableRef]bool{}
-		for _, r := range check.refs {
-			if seen[r] {
-				continue
-			}
-			seen[r] = true
-			if err := check.fn(ctx, tx, r, in); err != nil {
-				return err
+// typeRel is a table or view whose row type a query names (NULL::t,
+// json_populate_record(NULL::t, ...), a column definition of type t):
+// naming it shows its columns, so it is read. oid is 0 for a name that
+// resolves to no type, which is reported like a table that does not
+// exist.
+type typeRel struct {
+	ref TableRef
+	oid uint32
+}
+
+// checkCalls checks every function, operator, type and collation p names
+// (in, when set, names the view whose body p is, for the refusal) and
+// returns the tables and views whose row types it names. reg is the
+// catalog-lookup types (regTypes).
+func (b *pgBackend) checkCalls(ctx context.Context, tx pgx.Tx, p *pgParsed, in string, ph phase, reg []int64) ([]typeRel, error) {
+	seenCall := map[callRef]bool{}
+	for _, f := range p.funcs {
+		if !seenCall[f] {
+			seenCall[f] = true
+			if err := b.checkFunction(ctx, tx, f, in, reg); err != nil {
+				return nil, err
 			}
 		}
+	}
+	seen := map[TableRef]bool{}
+	for _, op := range p.ops {
+		if !seen[op] {
+			seen[op] = true
+			if err := b.checkOperator(ctx, tx, op, in); err != nil {
+				return nil, err
+			}
+		}
+	}
+	seen = map[TableRef]bool{}
+	for _, c := range p.collations {
+		if !seen[c] {
+			seen[c] = true
+			if err := checkCollation(ctx, tx, c, in); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var rels []typeRel
+	seen = map[TableRef]bool{}
+	for _, t := range p.types {
+		if seen[t] {
+			continue
+		}
+		seen[t] = true
+		info, err := lookupType(ctx, tx, t, ph)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.checkTypeInfo(t, info, in); err != nil {
+			return nil, err
+		}
+		rels = append(rels, info.rels...)
+	}
+	return rels, nil
+}
+
+// typeRels returns the tables and views whose row types types name,
+// refusing nothing (for a view's body before authorization).
+func (b *pgBackend) typeRels(ctx context.Context, tx pgx.Tx, types []TableRef, ph phase) ([]typeRel, error) {
+	var rels []typeRel
+	for _, t := range types {
+		info, err := lookupType(ctx, tx, t, ph)
+		if err != nil {
+			return nil, err
+		}
+		rels = append(rels, info.rels...)
+	}
+	return rels, nil
+}
+
+// regTypeNames are PostgreSQL's catalog-lookup types: the input of each
+// (a cast from text, a literal, a text argument where one is expected)
+// looks a name up in the catalog, so that 'r7.secret'::regclass answers
+// whether a table the caller may not read exists (its oid, or "does not
+// exist"), and 'r7=r/postgres'::aclitem whether a role does. Every other
+// type of pg_catalog whose name starts with "reg" counts too (regPattern),
+// so that one a later PostgreSQL adds is covered. No query may use them:
+// not as a cast or a column definition, not through an array, domain,
+// composite or range built on one, not as a column of a table or view it
+// reads, and not through a function that takes or returns one.
+var regTypeNames = []string{
+	"regclass", "regproc", "regprocedure", "regoper", "regoperator", "regtype",
+	"regnamespace", "regrole", "regconfig", "regdictionary", "regcollation", "aclitem",
+}
+
+// regPattern is the SQL condition on pg_type t for a catalog-lookup type
+// ($N: regTypeNames).
+func regPattern(n int) string {
+	return fmt.Sprintf(`(t.typnamespace = 'pg_catalog'::regnamespace AND (t.typname = ANY ($%d::text[]) OR (t.typname LIKE 'reg%%' AND t.typcategory <> 'A')))`, n)
+}
+
+// regTypes returns the oids of the catalog-lookup types and of every type
+// built on one (arrays, domains, composites, ranges, multiranges).
+func regTypes(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+	var out []int64
+	err := tx.QueryRow(ctx, `
+		WITH RECURSIVE base(oid) AS (
+			SELECT t.oid FROM pg_type t WHERE `+regPattern(1)+`
+		), part(typ, part) AS (
+			SELECT t.oid, t.typelem FROM pg_type t WHERE t.typelem <> 0
+			UNION ALL
+			SELECT t.oid, t.typbasetype FROM pg_type t WHERE t.typbasetype <> 0
+			UNION ALL
+			SELECT t.oid, a.atttypid
+			FROM pg_type t JOIN pg_attribute a ON a.attrelid = t.typrelid JOIN pg_type at ON at.oid = a.atttypid
+			WHERE t.typrelid <> 0 AND a.attnum > 0 AND NOT a.attisdropped
+			  AND (at.typnamespace <> 'pg_catalog'::regnamespace OR at.oid IN (SELECT oid FROM base) OR at.typelem IN (SELECT oid FROM base))
+			UNION ALL
+			SELECT r.rngtypid, r.rngsubtype FROM pg_range r
+			UNION ALL
+			SELECT (to_jsonb(r) ->> 'rngmultitypid')::oid, r.rngtypid FROM pg_range r WHERE to_jsonb(r) ? 'rngmultitypid'
+		), reg(oid) AS (
+			SELECT oid FROM base
+			UNION
+			SELECT part.typ FROM part JOIN reg ON reg.oid = part.part
+		)
+		SELECT coalesce(array_agg(oid::int8), '{}') FROM reg`, regTypeNames).Scan(&out)
+	if err != nil {
+		return nil, fmt.Errorf("look up the catalog-lookup types: %w", err)
+	}
+	return out, nil
+}
+
+// checkRegColumns refuses reading a table or view among oids that has a
+// column of a catalog-lookup type (regTypes): comparing it with text
+// looks the text up in the catalog. It runs after authorization only.
+func checkRegColumns(ctx context.Context, tx pgx.Tx, oids, reg []int64) error {
+	if len(oids) == 0 {
+		return nil
+	}
+	var schema, rel, col, typ string
+	err := tx.QueryRow(ctx, `
+		SELECT n.nspname, c.relname, a.attname, format_type(a.atttypid, a.atttypmod)
+		FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE a.attrelid::int8 = ANY ($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.atttypid::int8 = ANY ($2)
+		ORDER BY 1, 2, a.attnum LIMIT 1`, oids, reg).Scan(&schema, &rel, &col, &typ)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("look up column types: %w", err)
+	}
+	return refuseQuery("reading %s: its column %s has type %s, which looks names up in the catalog when it meets text (an existence oracle); "+
+		"read it through a view that does not show that column", TableRef{Schema: schema, Name: rel}, col, typ)
+}
+
+// checkCollation allows a COLLATE name only when it is one of pg_catalog's
+// collations (written unqualified or as pg_catalog.name): looking up
+// another would answer whether a schema or collation exists.
+func checkCollation(ctx context.Context, tx pgx.Tx, c TableRef, in string) error {
+	if c.Schema == "pg_catalog" {
+		return nil
+	}
+	ok := false
+	if c.Schema == "" {
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_collation WHERE collname = $1 AND collnamespace = 'pg_catalog'::regnamespace)`, c.Name).Scan(&ok); err != nil {
+			return fmt.Errorf("look up collation %s: %w", c, err)
+		}
+	}
+	if !ok {
+		return refuseIn(in, "COLLATE %s: only the collations of pg_catalog may be named", c)
 	}
 	return nil
 }
@@ -674,48 +899,71 @@ func refuseIn(in, format string, args ...any) *toolgate.Error {
 // (every schema of the search path, pg_catalog included), and every
 // function of that name there must be allowed, since the analysis does not
 // know which overload PostgreSQL picks; a name that resolves to nothing is
-// refused too.
-func (b *pgBackend) checkFunction(ctx context.Context, tx pgx.Tx, f TableRef, in string) error {
+// refused too. A call is refused as well when an overload PostgreSQL may
+// pick for it (one taking that many arguments) takes or returns a
+// catalog-lookup type (regTypeNames): to_tsvector('english', body) passes
+// 'english' as a regconfig, pg_typeof returns a regtype.
+func (b *pgBackend) checkFunction(ctx context.Context, tx pgx.Tx, f callRef, in string, reg []int64) error {
 	refuse := func(schema string) error {
 		where := "it is not one of the functions known to be safe in a read-only query"
 		if schema != "" && schema != "pg_catalog" {
 			where = "it is defined outside pg_catalog, where its body may read tables the query does not name"
 		}
-		return refuseIn(in, "function %s(): %s (list %s in allowed_functions to permit it)", f, where, TableRef{Schema: orDefault(schema, "pg_catalog"), Name: f.Name})
+		return refuseIn(in, "function %s(): %s (list %s in allowed_functions to permit it)", f.TableRef, where, TableRef{Schema: orDefault(schema, "pg_catalog"), Name: f.Name})
 	}
 	if f.Schema != "" {
 		if !b.functionAllowed(f.Schema, f.Name) {
 			return refuse(f.Schema)
 		}
-		return nil
-	}
-	rs, err := tx.Query(ctx, `
-		SELECT DISTINCT n.nspname
-		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-		WHERE p.proname = $1 AND n.nspname = ANY (current_schemas(true))
-		ORDER BY 1`, f.Name)
-	if err != nil {
-		return fmt.Errorf("look up function %s: %w", f.Name, err)
-	}
-	defer rs.Close()
-	found := false
-	for rs.Next() {
-		var schema string
-		if err := rs.Scan(&schema); err != nil {
+	} else {
+		rs, err := tx.Query(ctx, `
+			SELECT DISTINCT n.nspname
+			FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+			WHERE p.proname = $1 AND n.nspname = ANY (current_schemas(true))
+			ORDER BY 1`, f.Name)
+		if err != nil {
+			return fmt.Errorf("look up function %s: %w", f.Name, err)
+		}
+		found := false
+		for rs.Next() {
+			var schema string
+			if err := rs.Scan(&schema); err != nil {
+				rs.Close()
+				return err
+			}
+			found = true
+			if !b.functionAllowed(schema, f.Name) {
+				rs.Close()
+				return refuse(schema)
+			}
+		}
+		rs.Close()
+		if err := rs.Err(); err != nil {
 			return err
 		}
-		found = true
-		if !b.functionAllowed(schema, f.Name) {
-			return refuse(schema)
+		if !found {
+			return refuse("")
 		}
 	}
-	if err := rs.Err(); err != nil {
-		return err
+	var schema, args, result string
+	err := tx.QueryRow(ctx, `
+		SELECT n.nspname, pg_get_function_identity_arguments(p.oid), format_type(p.prorettype, NULL)
+		FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE p.proname = $1
+		  AND CASE WHEN $2 = '' THEN n.nspname = ANY (current_schemas(true)) ELSE n.nspname = $2 END
+		  AND ($3 BETWEEN p.pronargs - p.pronargdefaults AND p.pronargs OR (p.provariadic <> 0 AND $3 >= p.pronargs - 1))
+		  AND EXISTS (SELECT 1 FROM unnest(p.proargtypes::oid[] || coalesce(p.proallargtypes, '{}'::oid[]) || p.prorettype) AS u(t)
+		              WHERE u.t::int8 = ANY ($4))
+		ORDER BY 1, 2 LIMIT 1`, f.Name, f.Schema, f.nargs, reg).Scan(&schema, &args, &result)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("look up function %s: %w", f.Name, err)
 	}
-	if !found {
-		return refuse("")
-	}
-	return nil
+	return refuseIn(in, "function %s() with %d arguments: PostgreSQL may pick %s.%s(%s) returning %s, which takes or returns a type that looks names up in the catalog "+
+		"(regclass, regconfig, regtype, ...: an existence oracle); use a form without it (to_tsvector(body) takes the configuration from default_text_search_config)",
+		f.TableRef, f.nargs, schema, f.Name, args, result)
 }
 
 func orDefault(s, def string) string {
@@ -770,51 +1018,142 @@ func (b *pgBackend) checkOperator(ctx context.Context, tx pgx.Tx, op TableRef, i
 	return rs.Err()
 }
 
-// checkType allows a cast to (or column of) a type unless it can run a
-// function that is not allowed: a cast into it defined with a function
-// outside pg_catalog (CREATE CAST ... WITH FUNCTION), or, for a domain, a
-// CHECK constraint calling one (also through the domains it is built on).
-// An unqualified name is checked in every schema of the search path.
-func (b *pgBackend) checkType(ctx context.Context, tx pgx.Tx, t TableRef, in string) error {
+// typeInfo is what lookupType found for a type name.
+type typeInfo struct {
+	found bool
+	reg   string // a catalog-lookup type it is or is built on
+	// unsafe is a function a cast into it, or into a type it is built
+	// on, or a domain constraint of one, runs: how ("cast" or
+	// "domain"), schema and name; empty when there is none.
+	unsafe []unsafeCall
+	rels   []typeRel // tables and views whose row types it is or holds
+}
+
+type unsafeCall struct{ how, schema, name string }
+
+// lookupType resolves a type name as PostgreSQL would (the first schema
+// of the search path holding it, when unqualified) and follows what it is
+// built on: array elements, domain base types, the fields of composite
+// types, range subtypes and a multirange's range. The row type of a table
+// or view is reported in rels, and followed into its columns only after
+// authorization. A name that resolves to no type outside pg_catalog is
+// reported in rels too, as a table of that name (oid 0), so that the
+// answer before authorization is the same whether it exists or not.
+func lookupType(ctx context.Context, tx pgx.Tx, t TableRef, ph phase) (typeInfo, error) {
 	rs, err := tx.Query(ctx, `
 		WITH RECURSIVE typ(oid) AS (
-			SELECT t.oid FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
-			WHERE t.typname = $1
-			  AND CASE WHEN $2 = '' THEN n.nspname = ANY (current_schemas(true)) ELSE n.nspname = $2 END
+			SELECT oid FROM (
+				SELECT t.oid FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+				WHERE t.typname = $1
+				  AND CASE WHEN $2 = '' THEN n.nspname = ANY (current_schemas(true)) ELSE n.nspname = $2 END
+				ORDER BY array_position(current_schemas(true), n.nspname::text) LIMIT 1
+			) AS named
 			UNION
-			SELECT t.typbasetype FROM typ JOIN pg_type t ON t.oid = typ.oid WHERE t.typtype = 'd'
+			SELECT p.part
+			FROM typ JOIN pg_type t ON t.oid = typ.oid,
+			LATERAL (
+				SELECT t.typelem WHERE t.typelem <> 0
+				UNION ALL
+				SELECT t.typbasetype WHERE t.typbasetype <> 0
+				UNION ALL
+				SELECT a.atttypid FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+				WHERE t.typrelid <> 0 AND a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped
+				  AND (c.relkind = 'c' OR $3)
+				UNION ALL
+				SELECT r.rngsubtype FROM pg_range r WHERE r.rngtypid = t.oid
+				UNION ALL
+				SELECT r.rngtypid FROM pg_range r WHERE to_jsonb(r) ->> 'rngmultitypid' = t.oid::text
+			) AS p(part)
 		)
-		SELECT 'cast', pn.nspname, p.proname
+		SELECT 0, 'found', '', '', 0::int8 WHERE EXISTS (SELECT FROM typ)
+		UNION ALL
+		SELECT 1, 'reg', '', t.typname::text, 0 FROM typ JOIN pg_type t ON t.oid = typ.oid
+		WHERE `+regPattern(4)+`
+		UNION ALL
+		SELECT 2, 'cast', pn.nspname, p.proname, 0
 		FROM typ JOIN pg_cast c ON c.casttarget = typ.oid
 		JOIN pg_proc p ON p.oid = c.castfunc JOIN pg_namespace pn ON pn.oid = p.pronamespace
 		WHERE pn.nspname <> 'pg_catalog'
 		  AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_cast'::regclass AND d.objid = c.oid
 		                  AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e')
 		UNION ALL
-		SELECT 'domain', pn.nspname, p.proname
+		SELECT 2, 'domain', pn.nspname, p.proname, 0
 		FROM typ JOIN pg_constraint k ON k.contypid = typ.oid
 		JOIN pg_depend d ON d.classid = 'pg_constraint'::regclass AND d.objid = k.oid AND d.refclassid = 'pg_proc'::regclass
 		JOIN pg_proc p ON p.oid = d.refobjid JOIN pg_namespace pn ON pn.oid = p.pronamespace
-		ORDER BY 1, 2, 3`, t.Name, t.Schema)
+		UNION ALL
+		SELECT 3, 'rel', n.nspname, c.relname, c.oid::int8
+		FROM typ JOIN pg_type t ON t.oid = typ.oid JOIN pg_class c ON c.oid = t.typrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f')
+		ORDER BY 1, 2, 3, 4`, t.Name, t.Schema, ph == afterAuth, regTypeNames)
 	if err != nil {
-		return fmt.Errorf("look up type %s: %w", t, err)
+		return typeInfo{}, fmt.Errorf("look up type %s: %w", t, err)
 	}
 	defer rs.Close()
+	var info typeInfo
 	for rs.Next() {
-		var kind, fschema, fname string
-		if err := rs.Scan(&kind, &fschema, &fname); err != nil {
-			return err
+		var (
+			prio         int
+			kind, sc, nm string
+			oid          int64
+		)
+		if err := rs.Scan(&prio, &kind, &sc, &nm, &oid); err != nil {
+			return typeInfo{}, err
 		}
-		if b.functionAllowed(fschema, fname) {
+		switch kind {
+		case "found":
+			info.found = true
+		case "reg":
+			if info.reg == "" {
+				info.reg = nm
+			}
+		case "cast", "domain":
+			info.unsafe = append(info.unsafe, unsafeCall{kind, sc, nm})
+		case "rel":
+			info.rels = append(info.rels, typeRel{ref: TableRef{Schema: sc, Name: nm}, oid: uint32(oid)})
+		}
+	}
+	if err := rs.Err(); err != nil {
+		return typeInfo{}, err
+	}
+	rs.Close()
+	if !info.found && t.Schema != "pg_catalog" {
+		ref := t
+		if ref.Schema == "" {
+			if err := tx.QueryRow(ctx, `SELECT coalesce(current_schema(), 'public')`).Scan(&ref.Schema); err != nil {
+				return typeInfo{}, err
+			}
+		}
+		info.rels = append(info.rels, typeRel{ref: ref})
+	}
+	return info, nil
+}
+
+// checkTypeInfo refuses a type (a cast to it, a column of it) that is or
+// is built on a catalog-lookup type, or that can run a function that is
+// not allowed: a cast into it defined with a function outside pg_catalog
+// (CREATE CAST ... WITH FUNCTION), or, for a domain, a CHECK constraint
+// calling one, on it or on any type it is built on.
+func (b *pgBackend) checkTypeInfo(t TableRef, info typeInfo, in string) error {
+	if info.reg != "" {
+		what := "is"
+		if info.reg != t.Name {
+			what = "is built on"
+		}
+		return refuseIn(in, "type %s: it %s %s, a type whose input looks names up in the catalog (an existence oracle: 'r7.secret'::regclass); "+
+			"these types may not be used: %s and every other reg* type", t, what, info.reg, strings.Join(regTypeNames, ", "))
+	}
+	for _, u := range info.unsafe {
+		if b.functionAllowed(u.schema, u.name) {
 			continue
 		}
 		how := "a cast into it"
-		if kind == "domain" {
+		if u.how == "domain" {
 			how = "its domain constraint"
 		}
-		return refuseIn(in, "type %s: %s runs %s.%s(), which is not known to be safe (list it in allowed_functions to permit it)", t, how, fschema, fname)
+		return refuseIn(in, "type %s: %s runs %s.%s(), which is not known to be safe (list it in allowed_functions to permit it)", t, how, u.schema, u.name)
 	}
-	return rs.Err()
+	return nil
 }
 
 func (b *pgBackend) inspect(ctx context.Context, q string) ([]TableRef, error) {
@@ -824,55 +1163,144 @@ func (b *pgBackend) inspect(ctx context.Context, q string) ([]TableRef, error) {
 	}
 	var refs []TableRef
 	err = b.readTx(ctx, func(tx pgx.Tx) error {
-		refs, err = b.resolve(ctx, tx, p)
+		refs, err = b.resolve(ctx, tx, p, beforeAuth)
 		return err
 	})
 	return refs, err
 }
 
-func (b *pgBackend) run(ctx context.Context, q string, maxRows int) (rows, error) {
+// pgMaxMessageBytes bounds every message the pool's connections read
+// from PostgreSQL (catalog lookups included); a query's rows have the
+// lower bound of limits.rowBound.
+const pgMaxMessageBytes = 16 << 20
+
+// pgRowSlack is what a row message may hold beyond the row bound: a
+// length word per column, and the row description (a name and 18 bytes
+// per column, up to 1664 columns).
+const pgRowSlack = 256 << 10
+
+func (b *pgBackend) run(ctx context.Context, q string, lim limits) (rows, error) {
 	var out rows
 	p, err := parsePG(q)
 	if err != nil {
 		return out, err
 	}
 	err = b.readTx(ctx, func(tx pgx.Tx) error {
-		if _, err := b.resolve(ctx, tx, p); err != nil {
+		if _, err := b.resolve(ctx, tx, p, afterAuth); err != nil {
 			return err
 		}
-		// A cursor lets us stop after maxRows+1 rows. The extended
-		// protocol refuses more than one statement, a third guard.
-		res := tx.Conn().PgConn().ExecParams(ctx, "DECLARE toolgate_query NO SCROLL CURSOR FOR "+p.stmt, nil, nil, nil, nil).Read()
+		// A cursor lets us stop after maxRows+1 rows, or as soon as the
+		// rows read no longer fit the cap. The extended protocol refuses
+		// more than one statement, a third guard.
+		pgc := tx.Conn().PgConn()
+		res := pgc.ExecParams(ctx, "DECLARE toolgate_query NO SCROLL CURSOR FOR "+p.stmt, nil, nil, nil, nil).Read()
 		if res.Err != nil {
 			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, res.Err)
 		}
-		rs, err := tx.Query(ctx, fmt.Sprintf("FETCH FORWARD %d FROM toolgate_query", maxRows+1))
+		// A row larger than the bound is refused as it arrives (the
+		// connection is then closed), before it is held.
+		fe := pgc.Frontend()
+		fe.SetMaxBodyLen(lim.rowBound() + pgRowSlack)
+		defer fe.SetMaxBodyLen(pgMaxMessageBytes)
+		col, err := b.fetch(ctx, tx, lim)
 		if err != nil {
+			var big *pgproto3.ExceededMaxBodyLenErr
+			if errors.As(err, &big) {
+				return fmt.Errorf("sql.query %s: a row of the result is larger than %d bytes (PostgreSQL announced %d), the most one row may hold "+
+					"(the bound grows with Settings.result_max_kib); narrow the query: select fewer or shorter columns (left(col, 1000)): %w",
+					b.cfg.Name, lim.rowBound(), big.ActualBodyLen, ErrResultTooLarge)
+			}
 			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
 		}
-		defer rs.Close()
-		for _, fd := range rs.FieldDescriptions() {
-			out.columns = append(out.columns, fd.Name)
-		}
-		for rs.Next() {
-			if len(out.values) == maxRows {
-				out.more = true
-				break
-			}
-			vals, err := rs.Values()
-			if err != nil {
-				return err
-			}
-			for i := range vals {
-				vals[i] = jsonValue(vals[i])
-			}
-			out.values = append(out.values, vals)
-		}
-		rs.Close()
-		if err := rs.Err(); err != nil {
-			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
-		}
+		out = col.out
 		return nil
 	})
 	return out, err
+}
+
+// fetch reads the open cursor toolgate_query into a collector, in
+// batches sized so that PostgreSQL sends little beyond what the cap can
+// show. Values arrive in PostgreSQL's text format, of which a value takes
+// at least half, less one byte, in Content (bytea's "\x" and hex digits
+// are the worst), so a row is refused by the collector before it is
+// decoded; the binary format would let a few bytes decode to far more (a
+// numeric 1e131071 is 14 bytes, and 131072 digits).
+func (b *pgBackend) fetch(ctx context.Context, tx pgx.Tx, lim limits) (*collector, error) {
+	pgc := tx.Conn().PgConn()
+	tm := tx.Conn().TypeMap()
+	var col *collector
+	batch := min(lim.maxRows+1, 8)
+	for {
+		rr := pgc.ExecParams(ctx, fmt.Sprintf("FETCH FORWARD %d FROM toolgate_query", batch), nil, nil, nil, []int16{pgtype.TextFormatCode})
+		fds := rr.FieldDescriptions()
+		if col == nil {
+			names := make([]string, len(fds))
+			for i, fd := range fds {
+				names[i] = fd.Name
+			}
+			col = newCollector(lim, names)
+		}
+		got, stop := 0, false
+		for rr.NextRow() {
+			got++
+			if !col.room() {
+				stop = true
+				break
+			}
+			raw := rr.Values()
+			n := 0
+			for _, v := range raw {
+				if v == nil {
+					n += len("NULL")
+				} else {
+					n += max(len(v)/2-1, 0)
+				}
+			}
+			if n = rowTextMin(len(raw), n); !col.fits(n) {
+				stop = true
+				break
+			}
+			vals, err := decodePGRow(tm, fds, raw)
+			if err != nil {
+				rr.Close()
+				return nil, err
+			}
+			col.add(vals, n)
+		}
+		if _, err := rr.Close(); err != nil {
+			return nil, err
+		}
+		if stop || got < batch {
+			return col, nil
+		}
+		// The next batch: about as many rows as the cap has room for,
+		// judged by the rows so far, and never past maxRows+1.
+		held := len(col.out.values)
+		perRow := max(col.used/max(held, 1), 1)
+		batch = max(min((lim.maxBytes-col.used)/perRow+1, lim.maxRows+1-held), 1)
+	}
+}
+
+// decodePGRow decodes one row of text-format values into JSON-ready
+// values (see jsonValue). A numeric stays the text PostgreSQL wrote (as
+// before: a JSON string); decoding it would cost time growing faster
+// than its digits. A type pgx does not know is its text.
+func decodePGRow(tm *pgtype.Map, fds []pgconn.FieldDescription, raw [][]byte) ([]any, error) {
+	vals := make([]any, len(raw))
+	for i, buf := range raw {
+		oid := fds[i].DataTypeOID
+		t, known := tm.TypeForOID(oid)
+		switch {
+		case buf == nil:
+		case oid == pgtype.NumericOID || !known:
+			vals[i] = string(buf)
+		default:
+			v, err := t.Codec.DecodeValue(tm, oid, pgtype.TextFormatCode, buf)
+			if err != nil {
+				return nil, fmt.Errorf("column %s: %w", fds[i].Name, err)
+			}
+			vals[i] = jsonValue(v)
+		}
+	}
+	return vals, nil
 }

@@ -66,7 +66,10 @@ func allowAll(sqlite.AuthorizerActionCode, string, string, string, string) sqlit
 	return sqlite.AuthorizerOK
 }
 
-// MaxValueBytes bounds one string or blob a SQLite query may build.
+// MaxValueBytes bounds one string or blob any statement on a SQLite
+// connection of this package may build or read (its own schema reads
+// included); sql.query's statements have the lower bound of
+// sqliteValueBound.
 const MaxValueBytes = 16 << 20
 
 // sqliteLimitLength is SQLITE_LIMIT_LENGTH.
@@ -129,9 +132,8 @@ func (b *sqliteBackend) withConn(ctx context.Context, auth sqlite.AuthorizerFn, 
 		return err
 	}
 	defer c.Close()
-	// Bound every string and blob a query may build (zeroblob(450e6)
-	// would otherwise take gigabytes before the result cap cuts it);
-	// with at most 4 connections, a database's memory stays bounded.
+	// Bound every string and blob a statement may build (zeroblob(450e6)
+	// would otherwise take gigabytes); run lowers it for the query.
 	if _, err := sqlite.Limit(c, sqliteLimitLength, MaxValueBytes); err != nil {
 		return err
 	}
@@ -280,13 +282,20 @@ type authEvent struct {
 // to sqlite_master that come with DDL are recorded and allowed, so that
 // SQLite goes on to present the DDL action itself, which names what the
 // statement does (DROP TABLE orders rather than DELETE FROM sqlite_master).
+// Before authorization (deferViews), an action inside a view or CTE (the
+// authorizer's context names it) that would be refused is recorded in
+// deferred and allowed; analyze refuses those of CTEs, and leaves those
+// of views to Run, so that a refusal does not describe a view the caller
+// may not read.
 type guard struct {
-	mu        sync.Mutex
-	events    []authEvent
-	violation *toolgate.Error // the first refused action
-	schemaOp  *toolgate.Error // the first write to sqlite_master, when analysing
-	tables    map[string]bool
-	analysing bool
+	mu         sync.Mutex
+	events     []authEvent
+	violation  *toolgate.Error // the first refused action
+	schemaOp   *toolgate.Error // the first write to sqlite_master, when analysing
+	deferred   []deferral      // refused actions inside a view or CTE, when deferring
+	tables     map[string]bool
+	analysing  bool
+	deferViews bool
 }
 
 func (g *guard) authorize(action sqlite.AuthorizerActionCode, a1, a2, dbName, ctx string) sqlite.AuthorizerReturnCode {
@@ -307,10 +316,20 @@ func (g *guard) authorize(action sqlite.AuthorizerActionCode, a1, a2, dbName, ct
 		}
 		return sqlite.AuthorizerOK // prepared only; it never runs
 	}
+	if g.analysing && g.deferViews && e.ctx != "" {
+		g.deferred = append(g.deferred, deferral{e.ctx, err})
+		return sqlite.AuthorizerOK // prepared only, never run
+	}
 	if g.violation == nil {
 		g.violation = err
 	}
 	return sqlite.AuthorizerDeny
+}
+
+// deferral is a refusal of an action inside the view or CTE ctx.
+type deferral struct {
+	ctx string
+	err *toolgate.Error
 }
 
 // refusal is the refusal to report: the statement's own action first.
@@ -441,8 +460,9 @@ type analysis struct {
 }
 
 // analyze classifies q on connection c (raw is its driver connection) and
-// leaves the deny-all authorizer in place.
-func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q string) (*analysis, error) {
+// leaves the deny-all authorizer in place. Before authorization (ph), what
+// a view reads or calls is reported, never refused (see guard).
+func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q string, ph phase) (*analysis, error) {
 	pieces, err := splitStatements(q)
 	if err != nil {
 		return nil, err
@@ -457,9 +477,11 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 	var stmts []string
 	a := &analysis{reads: map[string]bool{}}
 	var readNames []string
+	var reads []authEvent
+	var deferred []deferral
 	columnRead := map[string]bool{} // names some column was read from
 	for _, p := range pieces {
-		g := &guard{analysing: true}
+		g := &guard{analysing: true, deferViews: ph == beforeAuth}
 		var info []sqlite.ColumnInfo
 		err := c.Raw(func(any) error {
 			if err := reg.RegisterAuthorizer(g.authorize); err != nil {
@@ -487,9 +509,11 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 				"sql.query refused %s: it is not a query; only a single read-only SELECT may run", quoteStmt(p))
 		}
 		stmts = append(stmts, p)
+		deferred = append(deferred, g.deferred...)
 		for _, e := range g.events {
 			if e.action == sqlite.AuthRead {
 				readNames = append(readNames, e.arg1)
+				reads = append(reads, e)
 				if e.arg2 != "" || e.dbName != "" {
 					columnRead[strings.ToLower(e.arg1)] = true
 				}
@@ -508,7 +532,7 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 
 	schema := map[string]schemaEntry{}
 	modules := map[string]bool{}
-	if len(readNames) > 0 {
+	if len(readNames) > 0 || len(deferred) > 0 {
 		// Read the schema on this same connection, under allow-all.
 		if err := c.Raw(func(any) error { return reg.RegisterAuthorizer(allowAll) }); err != nil {
 			return nil, err
@@ -537,6 +561,19 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 			return nil, fmt.Errorf("read schema: %w", err)
 		}
 	}
+	// What a view does is refused by Run only; what a CTE does, now.
+	isView := func(ctx string) bool { return ctx != "" && schema[strings.ToLower(ctx)].typ == "view" }
+	for _, d := range deferred {
+		if !isView(d.ctx) {
+			return nil, d.err
+		}
+	}
+	outsideView := map[string]bool{} // names read other than inside a view
+	for _, e := range reads {
+		if !isView(e.ctx) {
+			outsideView[strings.ToLower(e.arg1)] = true
+		}
+	}
 	seen := map[string]bool{}
 	for _, n := range readNames {
 		low := strings.ToLower(n)
@@ -555,6 +592,8 @@ func (b *sqliteBackend) analyze(ctx context.Context, c *sql.Conn, raw any, q str
 			// SQLite names a FROM item it reads no column of (count(*)):
 			// not a table, view or virtual table, so a CTE or subquery,
 			// whose own reads were reported.
+		case ph == beforeAuth && !outsideView[low]:
+			// Read by a view only: Run refuses it.
 		default:
 			return nil, builtin.Refuse(toolgate.CodeUnsafeQuery,
 				"sql.query refused reading %s: it is a table-valued function or virtual table, not a table of database %q", n, b.cfg.Name)
@@ -575,7 +614,7 @@ func quoteStmt(s string) string {
 func (b *sqliteBackend) inspect(ctx context.Context, q string) ([]TableRef, error) {
 	var a *analysis
 	err := b.withConn(ctx, denyAll, func(c *sql.Conn, raw any) (err error) {
-		a, err = b.analyze(ctx, c, raw, q)
+		a, err = b.analyze(ctx, c, raw, q, beforeAuth)
 		return err
 	})
 	if err != nil {
@@ -584,38 +623,55 @@ func (b *sqliteBackend) inspect(ctx context.Context, q string) ([]TableRef, erro
 	return a.tables, nil
 }
 
-func (b *sqliteBackend) run(ctx context.Context, q string, maxRows int) (rows, error) {
+func (b *sqliteBackend) run(ctx context.Context, q string, lim limits) (rows, error) {
 	var out rows
 	err := b.withConn(ctx, denyAll, func(c *sql.Conn, raw any) error {
-		a, err := b.analyze(ctx, c, raw, q)
+		a, err := b.analyze(ctx, c, raw, q, afterAuth)
 		if err != nil {
 			return err
 		}
 		// Execute under an enforcing authorizer: the same classification,
 		// and only the tables inspection reported.
-		g := &guard{tables: a.reads}
 		reg := raw.(sqlite.AuthorizerRegisterer)
+		g := &guard{tables: a.reads}
 		if err := c.Raw(func(any) error { return reg.RegisterAuthorizer(g.authorize) }); err != nil {
 			return err
 		}
-		rs, err := c.QueryContext(ctx, a.stmt)
+		vb, err := sqliteValueBound(ctx, c, a.stmt, lim)
 		if err != nil {
 			if g.violation != nil {
 				return g.violation
 			}
 			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
 		}
-		defer rs.Close()
-		out.columns, err = rs.Columns()
+		if _, err := sqlite.Limit(c, sqliteLimitLength, vb.value); err != nil {
+			return err
+		}
+		tooBig := func(err error) error {
+			var se *sqlite.Error
+			if errors.As(err, &se) && se.Code() == sqlite3.SQLITE_TOOBIG {
+				return fmt.Errorf("sql.query %s: a value the query reads or builds is larger than %d bytes, the most one value of this query may hold "+
+					"(%d bytes shared among the %d steps of its program that hold values; the bound grows with Settings.result_max_kib); "+
+					"narrow the query: fewer or shorter values (a stored value larger than the bound cannot be read, not even by substr or length): %w",
+					b.cfg.Name, vb.value, lim.rowBound(), vb.steps, ErrResultTooLarge)
+			}
+			if g.violation != nil {
+				return g.violation
+			}
+			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
+		}
+		rs, err := c.QueryContext(ctx, a.stmt)
+		if err != nil {
+			return tooBig(err)
+		}
+		defer rs.Close() // stops the statement when reading stops early
+		cols, err := rs.Columns()
 		if err != nil {
 			return err
 		}
-		for rs.Next() {
-			if len(out.values) == maxRows {
-				out.more = true
-				break
-			}
-			vals := make([]any, len(out.columns))
+		col := newCollector(lim, cols)
+		for rs.Next() && col.room() {
+			vals := make([]any, len(cols))
 			ptrs := make([]any, len(vals))
 			for i := range vals {
 				ptrs[i] = &vals[i]
@@ -623,17 +679,22 @@ func (b *sqliteBackend) run(ctx context.Context, q string, maxRows int) (rows, e
 			if err := rs.Scan(ptrs...); err != nil {
 				return err
 			}
+			n := 0
+			for _, v := range vals {
+				n += cellTextMin(v)
+			}
+			if n = rowTextMin(len(cols), n); !col.fits(n) {
+				break
+			}
 			for i := range vals {
 				vals[i] = jsonValue(vals[i])
 			}
-			out.values = append(out.values, vals)
+			col.add(vals, n)
 		}
 		if err := rs.Err(); err != nil {
-			if g.violation != nil {
-				return g.violation
-			}
-			return fmt.Errorf("sql.query %s: %w", b.cfg.Name, err)
+			return tooBig(err)
 		}
+		out = col.out
 		if g.violation != nil {
 			return g.violation
 		}
@@ -641,3 +702,109 @@ func (b *sqliteBackend) run(ctx context.Context, q string, maxRows int) (rows, e
 	})
 	return out, err
 }
+
+// valueBound is the bound of one SQLite value for one statement.
+type valueBound struct {
+	value int // bytes, for SQLITE_LIMIT_LENGTH
+	steps int // the program steps it is shared among
+}
+
+// sqliteValueBound divides the row bound W (limits.rowBound) among the
+// values a statement can hold at once, so that together they stay within
+// W: SQLite bounds each string and blob it builds or reads by
+// SQLITE_LIMIT_LENGTH, but a statement holds many at once (every result
+// column, every constant subexpression in its own register, every
+// aggregate), so the bound of one is W divided by the number of steps of
+// the statement's program (EXPLAIN) that can hold one: every step except
+// those known to hold none (jumps, comparisons, integer arithmetic,
+// cursor moves), a range copy counting once per register it copies. The
+// bound is at least MinValueBound.
+func sqliteValueBound(ctx context.Context, c *sql.Conn, stmt string, lim limits) (valueBound, error) {
+	if strings.EqualFold(leadingWord(stmt), "explain") {
+		// Its rows list the program of the statement it explains, whose
+		// values come from the query text: nothing to divide.
+		return valueBound{value: lim.rowBound() / explainColumns, steps: explainColumns}, nil
+	}
+	rs, err := c.QueryContext(ctx, "EXPLAIN "+stmt)
+	if err != nil {
+		return valueBound{}, err
+	}
+	defer rs.Close()
+	steps := 0
+	for rs.Next() {
+		var (
+			addr, p1, p2, p3 int64
+			op               string
+			p4, p5, comment  any
+		)
+		if err := rs.Scan(&addr, &op, &p1, &p2, &p3, &p4, &p5, &comment); err != nil {
+			return valueBound{}, err
+		}
+		switch {
+		case valuelessOps[op]:
+		case op == "Copy":
+			steps += int(max(p3, 0)) + 1
+		default:
+			steps++
+		}
+	}
+	if err := rs.Err(); err != nil {
+		return valueBound{}, err
+	}
+	steps = max(steps, 1)
+	return valueBound{value: max(lim.rowBound()/steps, MinValueBound), steps: steps}, nil
+}
+
+// explainColumns is the number of columns of EXPLAIN's result.
+const explainColumns = 8
+
+// leadingWord returns the first word of a statement, after white space and
+// comments ("--" to the end of the line, "/* */").
+func leadingWord(stmt string) string {
+	for {
+		stmt = strings.TrimLeft(stmt, " \t\r\n\f")
+		switch {
+		case strings.HasPrefix(stmt, "--"):
+			_, rest, ok := strings.Cut(stmt, "\n")
+			if !ok {
+				return ""
+			}
+			stmt = rest
+		case strings.HasPrefix(stmt, "/*"):
+			_, rest, ok := strings.Cut(stmt[2:], "*/")
+			if !ok {
+				return ""
+			}
+			stmt = rest
+		default:
+			end := strings.IndexFunc(stmt, func(r rune) bool {
+				return !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+			})
+			if end < 0 {
+				return stmt
+			}
+			return stmt[:end]
+		}
+	}
+}
+
+// valuelessOps are the opcodes of SQLite's virtual machine that never
+// make a string or blob a register keeps (control flow, comparisons,
+// integer arithmetic, cursor moves, integers and NULLs); every other step
+// of a program may hold one value. An opcode not listed counts: the list
+// only lowers the count.
+var valuelessOps = setOf(
+	"Init", "Goto", "Gosub", "Return", "InitCoroutine", "Yield", "EndCoroutine", "BeginSubrtn", "Once", "Halt", "HaltIfNull",
+	"Jump", "If", "IfNot", "IfPos", "IfNotZero", "DecrJumpZero", "IfNullRow", "IsNull", "NotNull", "IsTrue", "IsType",
+	"Eq", "Ne", "Lt", "Le", "Gt", "Ge", "ElseEq", "Compare", "Permutation", "And", "Or", "Not", "BitNot",
+	"BitAnd", "BitOr", "ShiftLeft", "ShiftRight", "Add", "Subtract", "Multiply", "Divide", "Remainder", "AddImm",
+	"MustBeInt", "RealAffinity", "Integer", "Int64", "Real", "Null", "SoftNull", "ZeroOrNull", "IntCopy", "Move",
+	"MemMax", "Offset", "OffsetLimit", "Count", "Sequence", "SequenceTest", "Rowid", "IdxRowid", "NullRow",
+	"Transaction", "TableLock", "OpenRead", "ReopenIdx", "OpenDup", "OpenPseudo", "Close", "ColumnsUsed", "CursorHint",
+	"Rewind", "Next", "Prev", "Last", "SeekEnd", "SeekRowid", "NotExists", "SeekLT", "SeekLE", "SeekGE", "SeekGT",
+	"SeekScan", "SeekHit", "IdxLE", "IdxGT", "IdxLT", "IdxGE", "Found", "NotFound", "NoConflict", "IfNoHope",
+	"DeferredSeek", "FinishSeek", "IfEmpty", "IfSizeBetween", "Sort", "SorterSort", "SorterNext", "SorterCompare",
+	"ResultRow", "TypeCheck", "CollSeq", "ReleaseReg", "Noop", "Explain", "Abortable", "Trace", "MaxPgcnt",
+	"Pagecount", "ReadCookie", "Expire", "CursorLock", "CursorUnlock", "ResetSorter", "VNext", "Filter",
+	"RowSetTest", "RowSetRead", "ClrSubtype", "GetSubtype", "SetSubtype",
+)

@@ -35,6 +35,30 @@
 // TABLESAMPLE methods, in the query and in the body of every view it
 // reads. Config.AllowedFunctions permits more.
 //
+// Nothing may ask the catalog about objects the caller may not read. On
+// PostgreSQL the catalog-lookup types (regclass, regproc, regtype, ...:
+// regTypeNames), whose input answers whether a name exists, are refused
+// as casts, literals and column definitions, through every type built on
+// them, as columns of the tables and views read, and in the overloads of
+// the functions called (to_tsvector('english', x) passes a regconfig);
+// COLLATE names only pg_catalog's collations; and a type naming a table's
+// or view's row type (NULL::t, which shows its columns) is a read of that
+// table, a type name that resolves to nothing being reported like a table
+// that does not exist. Inspect runs before authorization, so its
+// refusals depend only on the query and on objects that are not tables
+// or views: what a table or view is (a view's body, a column's type, a
+// row type's fields) is checked by Run, after authorization, on both
+// databases.
+//
+// Reading stops at the result cap: rows are read while a lower bound of
+// the bytes they take in Content fits the cap, then the query is stopped
+// (SQLite: the statement reset; PostgreSQL: the cursor fetched in small
+// batches, in text format, so nothing is decoded past the cap) and the
+// cut marked. One row (PostgreSQL, refused as it arrives) or all values a
+// SQLite statement holds at once (SQLITE_LIMIT_LENGTH, divided among its
+// program's steps) may hold at most max(16 x cap, 4 MiB)
+// (RowBoundFactor); more fails the call with ErrResultTooLarge.
+//
 // Resource names are injective: a part holding '.' or '"' is quoted
 // (policy.JoinName), so the table "orders.secret" is shop."orders.secret",
 // which a grant on shop.orders does not cover.
@@ -42,9 +66,17 @@
 // Known limits: on PostgreSQL, what the planner chooses implicitly is not
 // seen (implicit casts, and the equality and sort operators of GROUP BY,
 // DISTINCT and joins, for types defined outside pg_catalog); row-level
-// policies are the table owner's. On SQLite a query naming a table that
-// does not exist fails to prepare, so the refusal says so before
-// authorization (PostgreSQL and describe_table report the name instead).
+// policies are the table owner's. On SQLite a query naming a table or
+// column that does not exist fails to prepare, so the refusal says so
+// before authorization (PostgreSQL and describe_table report the name
+// instead). Before authorization PostgreSQL still answers, for names on
+// the search path, in which schema a table lives (its resource name) and
+// whether a function, operator or type of its own exists (the refusal
+// names it); the resources Inspect reports include the tables below the
+// views read, so a decision's refusal may name one. The memory a query
+// works in (SQLite's sorter and temporary
+// tables, about 2 MiB each before they spill to disk) is bounded by the
+// statement timeout, not by the cap.
 package sqltool
 
 import (
@@ -241,7 +273,114 @@ type ColumnInfo struct {
 type rows struct {
 	columns []string
 	values  [][]any // JSON-ready values (see jsonValue)
-	more    bool    // rows were left unread past the limit
+	more    bool    // rows were left unread past max_rows
+	cut     bool    // reading stopped at the byte cap: the next row could not be shown
+}
+
+// limits bound what sql.query reads: at most maxRows rows, and rows only
+// while what they hold could still be shown within maxBytes (the result
+// cap, Settings.result_max_kib).
+type limits struct {
+	maxRows  int
+	maxBytes int
+}
+
+// Bounds on what sql.query reads, relative to the result cap C in bytes
+// (Settings.result_max_kib; 64 KiB by default).
+const (
+	// RowBoundFactor and MinRowBound give the bound W = max(16 C, 4 MiB)
+	// on what one row of a result may hold while it is read, before any
+	// cut: on PostgreSQL, one result row as it arrives (a larger row is
+	// refused as it is read); on SQLite, every value the statement holds
+	// at once together (the bound of one value is W divided among the
+	// steps of the statement's program that can hold one, see
+	// sqliteValueBound). A larger row or value fails the call with
+	// ErrResultTooLarge.
+	RowBoundFactor = 16
+	MinRowBound    = 4 << 20
+	// MinValueBound is the least bound of one SQLite value, however many
+	// steps the program has.
+	MinValueBound = 1 << 10
+)
+
+// rowBound is W, the bound on one row (see RowBoundFactor).
+func (l limits) rowBound() int { return max(RowBoundFactor*l.maxBytes, MinRowBound) }
+
+// ErrResultTooLarge is wrapped by the error of a query whose result holds
+// a row (PostgreSQL) or a value (SQLite) larger than the bound on one row
+// (see RowBoundFactor): the call fails, saying the bound, rather than
+// the gateway holding it. It is a failure of the call, not a refusal, and
+// the same query fails again.
+var ErrResultTooLarge = errors.New("the result is too large to read")
+
+// collector gathers the rows of a result while they can still be shown:
+// it keeps a lower bound of the bytes the text rendering of the rows so
+// far takes (render's Content), and refuses a row once that bound passes
+// the cap, so that reading stops at about the cap, however the result is
+// shaped.
+type collector struct {
+	lim  limits
+	out  rows
+	used int // lower bound of the bytes of Content so far
+}
+
+func newCollector(lim limits, columns []string) *collector {
+	c := &collector{lim: lim, out: rows{columns: columns}}
+	c.used = len(strings.Join(columns, " | ")) + 1
+	return c
+}
+
+// room reports, when there is another row, whether it may be read at
+// all: false (and the result marked) once max_rows rows are held or
+// nothing more could be shown.
+func (c *collector) room() bool {
+	switch {
+	case len(c.out.values) >= c.lim.maxRows:
+		c.out.more = true
+		return false
+	case c.used >= c.lim.maxBytes:
+		c.out.cut = true
+		return false
+	}
+	return true
+}
+
+// fits reports whether a row whose text takes at least n bytes can still
+// be shown; when not, the result is marked cut and reading should stop.
+func (c *collector) fits(n int) bool {
+	if c.used+n > c.lim.maxBytes {
+		c.out.cut = true
+		return false
+	}
+	return true
+}
+
+// add keeps a row of JSON-ready values whose text takes at least n bytes.
+func (c *collector) add(vals []any, n int) {
+	c.used += n
+	c.out.values = append(c.out.values, vals)
+}
+
+// rowTextMin is the least number of bytes a row's line takes in Content
+// when its cells take at least cells bytes: the cells, " | " between
+// them and the newline.
+func rowTextMin(ncols, cells int) int { return cells + 3*max(ncols-1, 0) + 1 }
+
+// cellTextMin is a lower bound of len(cellText(jsonValue(v))) for a value
+// as a driver returns it, computed without copying v.
+func cellTextMin(v any) int {
+	switch x := v.(type) {
+	case nil:
+		return len("NULL")
+	case string:
+		return len(x)
+	case []byte:
+		return len(x) // itself, or "\x" and hex
+	case bool:
+		return len("true")
+	default:
+		return 1
+	}
 }
 
 // backend is one database engine.
@@ -255,8 +394,10 @@ type backend interface {
 	describe(ctx context.Context, ref TableRef) ([]ColumnInfo, error)
 	// inspect classifies query and returns every table and view it reads.
 	inspect(ctx context.Context, query string) ([]TableRef, error)
-	// run re-classifies and executes query, returning at most maxRows rows.
-	run(ctx context.Context, query string, maxRows int) (rows, error)
+	// run re-classifies and executes query, reading at most lim allows
+	// (a collector), and fails with ErrResultTooLarge when one row or
+	// value passes limits.rowBound.
+	run(ctx context.Context, query string, lim limits) (rows, error)
 	close() error
 }
 
@@ -621,62 +762,70 @@ func (t *queryTool) Run(ctx context.Context, inv builtin.Invocation) (builtin.Re
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.timeout())
 	defer cancel()
-	maxRows := d.cfg.maxRows()
-	out, err := d.be.run(ctx, q, maxRows)
+	lim := limits{maxRows: d.cfg.maxRows(), maxBytes: t.s.o.MaxBytes()}
+	out, err := d.be.run(ctx, q, lim)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			return builtin.Result{}, fmt.Errorf("%s %s: the query ran longer than the statement timeout %s: %w", QueryName, d.Name(), d.cfg.timeout(), err)
 		}
 		return builtin.Result{}, err
 	}
-	return render(d.Name(), out, maxRows, t.s.o.MaxBytes()), nil
+	return render(d.Name(), out, lim), nil
 }
 
 // render builds the text table and the structured result, both cut to the
-// byte cap.
-func render(db string, r rows, maxRows, maxBytes int) builtin.Result {
-	lines := make([]string, 0, len(r.values)+2)
-	lines = append(lines, strings.Join(r.columns, " | "))
-	for _, row := range r.values {
+// byte cap and holding the same rows. The last line says how the result
+// ends: "(N rows)"; "[truncated: first N rows shown; max_rows is M]"; or,
+// when the rows (read, or readable) do not fit the cap, "[truncated:
+// first N rows shown; the result is larger than the C-byte cap
+// (Settings.result_max_kib)]".
+func render(db string, r rows, lim limits) builtin.Result {
+	header := strings.Join(r.columns, " | ")
+	lines := make([]string, len(r.values))
+	jsonLen := make([]int, len(r.values))
+	textLen, jsonTotal := len(header)+1, 0
+	for i, row := range r.values {
 		cells := make([]string, len(row))
-		for i, v := range row {
-			cells[i] = cellText(v)
+		for j, v := range row {
+			cells[j] = cellText(v)
 		}
-		lines = append(lines, strings.Join(cells, " | "))
+		lines[i] = strings.Join(cells, " | ")
+		b, _ := json.Marshal(row)
+		jsonLen[i] = len(b) + 1
+		textLen += len(lines[i]) + 1
+		jsonTotal += jsonLen[i]
 	}
-	footer := fmt.Sprintf("(%d rows)", len(r.values))
-	if len(r.values) == 1 {
+	n := len(r.values)
+	footer := fmt.Sprintf("(%d rows)", n)
+	switch {
+	case n == 1:
 		footer = "(1 row)"
+	case r.more:
+		footer = fmt.Sprintf("[truncated: first %d rows shown; max_rows is %d]", n, lim.maxRows)
 	}
-	if r.more {
-		footer = fmt.Sprintf("[truncated: first %d rows shown; max_rows is %d]", len(r.values), maxRows)
+	cut := r.cut || textLen+len(footer) > lim.maxBytes || jsonTotal > lim.maxBytes
+	if cut {
+		// Keep the longest prefix of rows that fits, as text with the
+		// marker and as JSON.
+		marker := func(k int) string {
+			return fmt.Sprintf("[truncated: first %d rows shown; the result is larger than the %d-byte cap (Settings.result_max_kib)]", k, lim.maxBytes)
+		}
+		reserve := len(marker(n))
+		textLen, jsonTotal = len(header)+1, 0
+		k := 0
+		for k < n && textLen+len(lines[k])+1+reserve <= lim.maxBytes && jsonTotal+jsonLen[k] <= lim.maxBytes {
+			textLen += len(lines[k]) + 1
+			jsonTotal += jsonLen[k]
+			k++
+		}
+		n, lines, footer = k, lines[:k], marker(k)
 	}
-	lines = append(lines, footer)
-	// Cut the text to the cap, then make sure the rows it keeps also fit
-	// the cap as JSON; if not, cut the text further, so Content and
-	// Structured always hold the same rows.
-	limit := maxBytes
-	var text string
-	var nrows int
-	var cut bool
-	for {
-		var kept int
-		text, kept, cut = builtin.CutLines(lines, limit)
-		nrows = len(r.values)
-		if cut {
-			nrows = max(min(kept-1, len(r.values)), 0)
-		}
-		jsonBytes := 0
-		for i := 0; i < nrows; i++ {
-			b, _ := json.Marshal(r.values[i])
-			jsonBytes += len(b) + 1
-		}
-		if jsonBytes <= maxBytes || nrows == 0 {
-			break
-		}
-		limit -= jsonBytes - maxBytes
+	text := strings.Join(append(append([]string{header}, lines...), footer), "\n")
+	if len(text) > lim.maxBytes { // only a header longer than the cap
+		text, _ = builtin.Cap(text, lim.maxBytes)
+		n, cut = 0, true
 	}
-	res := QueryResult{Database: db, Columns: r.columns, Rows: r.values[:nrows], Truncated: cut || r.more}
+	res := QueryResult{Database: db, Columns: r.columns, Rows: r.values[:n], Truncated: cut || r.more}
 	if res.Rows == nil {
 		res.Rows = [][]any{}
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -354,12 +356,45 @@ func TestQueryByteCap(t *testing.T) {
 			}
 			lines := strings.Split(r.Content, "\n")
 			last := lines[len(lines)-1]
-			if !strings.HasPrefix(last, "[truncated: ") || !strings.HasSuffix(last, " bytes shown]") {
-				t.Errorf("last line %q", last)
+			want := fmt.Sprintf("[truncated: first %d rows shown; the result is larger than the 1024-byte cap (Settings.result_max_kib)]", len(lines)-2)
+			if diff := cmp.Diff(want, last); diff != "" {
+				t.Errorf("last line (-want +got):\n%s", diff)
 			}
 			got := r.Structured.(QueryResult)
-			if !got.Truncated || len(got.Rows) != len(lines)-2 {
+			if !got.Truncated || len(got.Rows) != len(lines)-2 || len(got.Rows) == 0 {
 				t.Errorf("structured has %d rows, content %d", len(got.Rows), len(lines)-2)
+			}
+			if b, _ := json.Marshal(got.Rows); len(b) > 1024 {
+				t.Errorf("structured rows take %d bytes, more than the cap", len(b))
+			}
+		})
+	}
+}
+
+// TestReadingStopsAtTheCap checks that sql.query stops reading once the
+// rows read fill the cap: a row past that point is never computed, so
+// the error row 60 would raise (integer overflow, division by zero)
+// never happens, though max_rows would allow 1000 rows. Without the stop
+// the call fails with that error.
+func TestReadingStopsAtTheCap(t *testing.T) {
+	queries := map[string]string{
+		DriverSQLite: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 1000) " +
+			"SELECT x, CASE WHEN x >= 60 THEN abs(x - x - 9223372036854775807 - 1) ELSE x END AS y, printf('%.100c', 'p') AS pad FROM c",
+		DriverPostgres: "SELECT x, CASE WHEN x >= 60 THEN 1 / (x - x) ELSE x END AS y, repeat('p', 100) AS pad FROM generate_series(1, 1000) AS x",
+	}
+	for _, be := range backends(t, func(c *Config) { c.MaxRows = 1000 }) {
+		t.Run(be.driver, func(t *testing.T) {
+			tl := toolsFor(t, be.db, &Options{Options: builtin.Options{ResultMaxKiB: 1}})[QueryName]
+			r, err := tl.Run(context.Background(), inv(map[string]string{"query": queries[be.driver]}))
+			if err != nil {
+				t.Fatalf("a row past the cap was computed: %v", err)
+			}
+			got := r.Structured.(QueryResult)
+			if !r.Truncated || len(got.Rows) == 0 || len(got.Rows) >= 60 || len(r.Content) > 1024 {
+				t.Errorf("truncated %v, %d rows, %d bytes", r.Truncated, len(got.Rows), len(r.Content))
+			}
+			if !strings.HasSuffix(r.Content, "the result is larger than the 1024-byte cap (Settings.result_max_kib)]") {
+				t.Errorf("content ends %q", r.Content[max(len(r.Content)-120, 0):])
 			}
 		})
 	}
@@ -609,39 +644,58 @@ func TestAllowedFunctions(t *testing.T) {
 	}
 }
 
-func TestSQLiteValueSizeBounded(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "big.db")
-	raw, err := sql.Open("sqlite", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := raw.Exec(`CREATE TABLE t (x INTEGER)`); err != nil {
-		t.Fatal(err)
-	}
-	raw.Close()
+// TestValueBound checks the bound on one row (PostgreSQL) or value
+// (SQLite) a result may hold while it is read (limits.rowBound): within
+// it a large stored value is read and measured; past it the call fails
+// with ErrResultTooLarge, a failure (not a refusal, not a broken
+// connection worth a retry) that names the bound, and the database keeps
+// answering.
+func TestValueBound(t *testing.T) {
 	ctx := context.Background()
-	db, err := Open(ctx, Config{Name: "big", Driver: DriverSQLite, Path: path})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	tools, err := New([]*DB{db}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var query builtin.Tool
-	for _, tl := range tools {
-		if tl.Name() == QueryName {
-			query = tl
-		}
-	}
-	inv := builtin.Invocation{Args: json.RawMessage(`{"query":"SELECT hex(zeroblob(450000000))"}`)}
-	if _, err := query.Inspect(ctx, inv); err != nil {
-		t.Fatalf("inspect: %v", err)
-	}
-	if _, err := query.Run(ctx, inv); err == nil {
-		t.Fatal("a 900 MB value was built; want a too-big error")
+	const big = 3 << 20 // under the 4 MiB bound at the default cap
+	for _, be := range backends(t, nil) {
+		t.Run(be.driver, func(t *testing.T) {
+			tl := toolsFor(t, be.db, nil)[QueryName]
+			// SQLite divides the bound among the values its program
+			// holds (zeroblob, hex and length: 1 MiB each).
+			within := map[string]string{
+				DriverSQLite:   "SELECT length(hex(zeroblob(500000))) AS n",
+				DriverPostgres: "SELECT length(repeat('x', 1000000))::int8 AS n",
+			}[be.driver]
+			r, err := tl.Run(ctx, inv(map[string]string{"query": within}))
+			if err != nil {
+				t.Fatalf("within the bound: %v", err)
+			}
+			if diff := cmp.Diff(int64(1000000), r.Structured.(QueryResult).Rows[0][0]); diff != "" {
+				t.Errorf("length (-want +got):\n%s", diff)
+			}
+			// A row within the bound but past the cap is read, and cut.
+			if be.driver == DriverPostgres {
+				r, err := tl.Run(ctx, inv(map[string]string{"query": fmt.Sprintf("SELECT repeat('x', %d) AS v", big)}))
+				if err != nil || !r.Truncated || len(r.Structured.(QueryResult).Rows) != 0 || len(r.Content) > builtin.DefaultResultMaxKiB<<10 {
+					t.Errorf("a %d-byte row: err %v, truncated %v, %d bytes", big, err, r.Truncated, len(r.Content))
+				}
+			}
+			for _, q := range map[string][]string{
+				DriverSQLite:   {"SELECT hex(zeroblob(450000000))", "SELECT length(hex(zeroblob(3000000)))"},
+				DriverPostgres: {"SELECT repeat('x', 50000000)", fmt.Sprintf("SELECT repeat('x', %d) AS a, repeat('y', %d) AS b", big, big)},
+			}[be.driver] {
+				_, err := tl.Run(ctx, inv(map[string]string{"query": q}))
+				var te *toolgate.Error
+				var ne net.Error
+				switch {
+				case !errors.Is(err, ErrResultTooLarge):
+					t.Errorf("%s: want ErrResultTooLarge, got %v", q, err)
+				case errors.As(err, &te) || errors.Is(err, driver.ErrBadConn) || errors.As(err, &ne):
+					t.Errorf("%s: a refusal or a broken connection: %v", q, err)
+				case !strings.Contains(err.Error(), "narrow the query") || !strings.Contains(err.Error(), "Settings.result_max_kib"):
+					t.Errorf("%s: the message does not say what to do: %v", q, err)
+				}
+			}
+			if _, err := tl.Run(ctx, inv(map[string]string{"query": "SELECT 1 AS one"})); err != nil {
+				t.Errorf("after a value past the bound: %v", err)
+			}
+		})
 	}
 }
 
@@ -714,26 +768,31 @@ func TestFunctionsThroughViews(t *testing.T) {
 	})
 }
 
+// checkViewCase checks one query over views: Inspect, before
+// authorization, never refuses because of what a view holds (a refusal
+// would describe a view the caller may not be allowed to read) and
+// reports the views read; Run refuses, naming names.
 func checkViewCase(t *testing.T, db *DB, query string, names []string) {
 	t.Helper()
 	tl := toolsFor(t, db, nil)[QueryName]
 	ctx := context.Background()
-	_, err := tl.Inspect(ctx, inv(map[string]string{"query": query}))
+	res, err := tl.Inspect(ctx, inv(map[string]string{"query": query}))
+	if err != nil || len(res) == 0 {
+		t.Errorf("Inspect refused before authorization, or reported nothing: %v, %v", res, err)
+	}
 	_, rerr := tl.Run(ctx, inv(map[string]string{"query": query}))
 	if names == nil {
-		if err != nil || rerr != nil {
-			t.Fatalf("Inspect: %v; Run: %v", err, rerr)
+		if rerr != nil {
+			t.Fatalf("Run: %v", rerr)
 		}
 		return
 	}
-	for _, e := range []error{err, rerr} {
-		if codeOf(e) != toolgate.CodeUnsafeQuery {
-			t.Fatalf("code %q, want %q (%v)", codeOf(e), toolgate.CodeUnsafeQuery, e)
-		}
-		for _, n := range names {
-			if !strings.Contains(e.Error(), n) {
-				t.Errorf("refusal %q does not name %q", e, n)
-			}
+	if codeOf(rerr) != toolgate.CodeUnsafeQuery {
+		t.Fatalf("code %q, want %q (%v)", codeOf(rerr), toolgate.CodeUnsafeQuery, rerr)
+	}
+	for _, n := range names {
+		if !strings.Contains(rerr.Error(), n) {
+			t.Errorf("refusal %q does not name %q", rerr, n)
 		}
 	}
 }
