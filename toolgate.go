@@ -14,7 +14,7 @@ import (
 )
 
 // Verdict is the outcome of a decision. Deny is the zero value, so a
-// Decision that was never filled in denies (DESIGN.md §2, fail closed).
+// Decision that was never filled in denies (docs/design.md, "The decision", fail closed).
 type Verdict uint8
 
 const (
@@ -57,7 +57,7 @@ func (v *Verdict) UnmarshalText(b []byte) error {
 	return nil
 }
 
-// Code is the stable machine code of a decision (DESIGN.md §2). Codes cross
+// Code is the stable machine code of a decision (docs/design.md, "The decision"). Codes cross
 // the wire and the audit log; they never change meaning.
 type Code string
 
@@ -114,7 +114,7 @@ func (e *Error) Error() string { return string(e.Code) + ": " + e.Message }
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-// Layer names the part of the model that produced a decision (DESIGN.md §2).
+// Layer names the part of the model that produced a decision (docs/design.md, "The decision").
 type Layer string
 
 // Layers, outermost first.
@@ -133,7 +133,7 @@ const (
 	LayerInternal    Layer = "internal"
 )
 
-// EventType is the type of an audit and stream event (DESIGN.md §4, the
+// EventType is the type of an audit and stream event (docs/design.md, "What the audit log promises", the
 // Synedrix agent.tool.* taxonomy).
 type EventType string
 
@@ -310,7 +310,7 @@ type Call struct {
 	// whatever else it is, by every enforcement point alike.
 	ArgsErr error
 	// Resources lists what the call touches, as the adapter reports it; the
-	// principal needs a grant on each (DESIGN.md §2 check 8).
+	// principal needs a grant on each (docs/design.md, "The decision" check 8).
 	Resources []Resource
 	// Observed lists what the call touches that no grant governs (a
 	// workspace tool's files, confined to the workspace instead, as Wyrd

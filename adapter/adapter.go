@@ -1,7 +1,7 @@
 // Package adapter is the execution half of the Tool Abstraction layer: once a
 // call is allowed, it runs it with the tool's timeout, retries it only where
 // its side-effect class makes a retry safe, and caps what it returns (Tool
-// Abstraction seed, "Retries"; DESIGN.md §1, §3).
+// Abstraction seed, "Retries"; docs/design.md, "Vocabulary" and "Where a call goes").
 //
 // The retry rules, by side-effect class:
 //

@@ -1,5 +1,5 @@
 // Package approval holds the approvals that turn a require_approval decision
-// into a one-time allow (DESIGN.md §1, "Approval"): an approval is bound to
+// into a one-time allow (docs/design.md, "Vocabulary"): an approval is bound to
 // the exact call (principal, agent, instance, environment, tool id, digest
 // of the canonical arguments), is used at most once, and expires.
 //

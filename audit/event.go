@@ -1,5 +1,5 @@
 // Package audit records every decision toolgate makes in an append-only,
-// hash-chained log (DESIGN.md §4), so that `toolgate audit verify` can prove
+// hash-chained log (docs/design.md, "What the audit log promises"), so that `toolgate audit verify` can prove
 // no record was edited, removed or reordered after it was written.
 //
 // The package holds the event envelope ([Event]), the hash chain ([Seal],
@@ -26,7 +26,7 @@ import (
 // GenesisHash is the prev_hash of the first record (seq 1): 64 zeros.
 const GenesisHash = "0000000000000000000000000000000000000000000000000000000000000000"
 
-// Event is one audit record: the envelope of DESIGN.md §4. Its JSON form uses
+// Event is one audit record: the envelope of docs/design.md, "What the audit log promises". Its JSON form uses
 // the envelope's field names. EventType, Verdict, Code and Layer hold the
 // wire names of the toolgate vocabulary (toolgate.EventAuthorized,
 // toolgate.Allow.String(), toolgate.CodeOK, toolgate.LayerPolicy...).

@@ -1,7 +1,7 @@
 // Package authz is the decision core: it compiles a validated policy bundle
 // into an immutable Snapshot once, and answers Resolve (which tools an agent
 // may use and see) and Decide (may this call run) from it with no I/O, no
-// clock and no globals (DESIGN.md §2, §6). Every enforcement point calls the
+// clock and no globals (docs/design.md, "The decision" and "Packages and the arrows between them"). Every enforcement point calls the
 // same Decide, and Resolve is Decide run at tool level, so disclosure and
 // enforcement cannot disagree.
 package authz

@@ -39,7 +39,7 @@ type eval struct {
 	vc *varsCache
 }
 
-// Decide answers one call (DESIGN.md §2). It never returns an error: any
+// Decide answers one call (docs/design.md, "The decision"). It never returns an error: any
 // failure inside is a deny with code internal_error. It is safe for
 // concurrent use.
 func (s *Snapshot) Decide(c *toolgate.Call) (d toolgate.Decision) {

@@ -7,7 +7,7 @@
 // decision: before it runs, it can say exactly which resources a call would
 // touch. Inspect validates the arguments and returns every resource (each file
 // path, each table and view a query reads) or refuses the call with a
-// *toolgate.Error; the decision's resource check (DESIGN.md §2, check 8) runs
+// *toolgate.Error; the decision's resource check (docs/design.md, "The decision", check 8) runs
 // over that list. Run executes the call and enforces the same limits again, so
 // a call that Inspect refused can never run.
 //

@@ -1,6 +1,7 @@
 // Package cond compiles and evaluates argument conditions: CEL expressions
-// (cel-go) that grants and tool policy rules attach with "when:" (DESIGN.md
-// §2 check 9). An expression is compiled once when the bundle is compiled;
+// (cel-go) that grants and tool policy rules attach with "when:"
+// (docs/design.md, "The decision", check 9). An expression is compiled
+// once when the bundle is compiled;
 // evaluating it does no I/O and is bounded by a cost limit, so a hostile
 // expression cannot stall the decision.
 //

@@ -1,4 +1,4 @@
-// Package httpapi is the gateway's JSON API (DESIGN.md §3): resolve an
+// Package httpapi is the gateway's JSON API (docs/design.md, "Where a call goes"): resolve an
 // active tool set, decide a call, list, approve and deny approvals, and
 // read the audit log, plus health, readiness and Prometheus metrics. It is
 // an enforcement point like the MCP proxy: every decision goes through

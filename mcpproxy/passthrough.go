@@ -1,33 +1,36 @@
 package mcpproxy
 
-// Pass-through: everything but tools (DESIGN.md §3). Resources, prompts,
-// completions, logging, progress, cancellation, sampling, elicitation and
-// roots pass between the gateway's clients and its upstreams, so the gateway
-// stays a conforming MCP server. Tools never take this path: tools/list and
-// tools/call stay in the middleware of proxy.go, decided by gate.Authorize.
+// Pass-through: everything but tools (docs/design.md, "The pipeline").
+// Resources, prompts, completions, logging, progress, cancellation,
+// sampling, elicitation and roots pass between the gateway's clients and
+// its upstreams, so the gateway stays a conforming MCP server. Tools never
+// take this path: tools/list and tools/call stay in the middleware of
+// proxy.go and go through gate.Handle.
 //
 // How each part travels:
 //
 //   - Resources, resource templates and prompts are mirrored: the gateway
-//     keeps their definitions (the lists it answers itself, filtered and
-//     paged: lists.go) and registers them with its mcp.Server only so that
-//     the SDK sends list_changed to the gateway's clients; the SDK's
-//     handlers for them are never reached and refuse if they are. The
-//     mirror is rebuilt when an upstream's tools are (re)listed, when it
-//     sends resources/list_changed or prompts/list_changed, and when a
-//     forwarded request finds that its session was replaced (a restart). A
-//     resource URI or template belongs to the first upstream that announced
-//     it (a clash is logged and the later one skipped); prompts get the
-//     upstream's tool_prefix, like its tools.
+//     keeps their definitions (the lists it answers itself, filtered by the
+//     access decision at tool level and paged: lists.go) and registers them
+//     with its mcp.Server only so that the SDK sends list_changed to the
+//     gateway's clients; the SDK's handlers for them are never reached and
+//     refuse if they are. The mirror is rebuilt when an upstream's tools are
+//     (re)listed, when it sends resources/list_changed or
+//     prompts/list_changed, and when a forwarded request finds that its
+//     session was replaced (a restart). A resource URI or template belongs
+//     to the first upstream that announced it (a clash is logged and the
+//     later one skipped); prompts get the upstream's tool_prefix, like its
+//     tools.
 //   - resources/read, resources/subscribe, prompts/get and
-//     completion/complete go to the one owner the middleware resolves and
-//     checks (gating.go: an exact URI, else the matching template with the
-//     longest literal prefix, ties refused, else the sole upstream with
-//     resources), never where the SDK's own matching would send them. The
-//     owner of a URI is subscribed once however many clients subscribe, and
-//     unsubscribed when the last one leaves. An upstream's
-//     notifications/resources/updated reaches only the clients subscribed
-//     to that URI.
+//     completion/complete are accesses: gate.HandleAccess routes each once
+//     through this mirror (gating.go: an exact URI, else the matching
+//     template with the longest literal prefix, ties owned by none, else
+//     the sole upstream with resources), decides it for that owner, records
+//     it, and forwards it here to exactly that owner, never where the SDK's
+//     own matching would send it. The owner of a URI is subscribed once
+//     however many clients subscribe, and unsubscribed when the last one
+//     leaves. An upstream's notifications/resources/updated reaches only
+//     the clients subscribed to that URI.
 //   - logging/setLevel is answered by the SDK for the calling session. On
 //     each upstream that declares logging the gateway sets the most verbose
 //     level asked for by the connected clients that may reach that

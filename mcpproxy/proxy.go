@@ -3,7 +3,7 @@
 // of package upstream. Each client is identified by its credential, which
 // binds principal, agent, instance and environment; tools/list returns
 // exactly the disclosed set and tools/call is decided by gate.Authorize
-// before anything is forwarded (DESIGN.md §3).
+// before anything is forwarded (docs/design.md, "Where a call goes").
 //
 // A tool the caller cannot see gets the same JSON-RPC error as a tool that
 // does not exist, so the list cannot be probed; the audit log still records

@@ -11,7 +11,7 @@ import (
 // there is only one), and reports what a query reads as sql_table
 // resources named "<name>.<table>" (SQLite) or "<name>.<schema>.<table>"
 // (PostgreSQL), which principals need {resource: sql_table, action: read}
-// grants on (DESIGN.md §2, check 8).
+// grants on (docs/design.md, "The decision", check 8).
 //
 //   - kind: Database
 //     name: shop

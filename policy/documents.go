@@ -19,7 +19,7 @@ type Pos struct {
 func (p Pos) At() string { return fmt.Sprintf("%s:%d", p.File, p.Line) }
 
 // Tool declares one tool of the catalog (kind: Tool). Synedrix "Tool ID
-// convention"; DESIGN.md §1.
+// convention"; docs/design.md, "Vocabulary".
 type Tool struct {
 	Pos `yaml:"-"`
 	// ToolID is the canonical id, "tool:<provider>-<verb>". Required unless
@@ -258,7 +258,7 @@ type Role struct {
 // an upstream's resources, and prompt with action get lets it get an
 // upstream's prompts, for agents whose resource (prompt) ceiling is
 // declared (docs/design.md, "Resources and prompts"); any other resource
-// is checked against what a call touches (DESIGN.md §2 check 8).
+// is checked against what a call touches (docs/design.md, "The decision" check 8).
 type Grant struct {
 	Pos      `yaml:"-"`
 	Resource string `yaml:"resource"`
@@ -366,7 +366,7 @@ func (s Scope) String() string {
 func (s Scope) Empty() bool { return s == Scope{} }
 
 // ToolPolicy holds AgentArea-style rules over tool ids (kind: ToolPolicy),
-// applied in DESIGN.md §2 checks 6, 9 and 11. Conditions, escalation rules
+// applied in docs/design.md, "The decision" checks 6, 9 and 11. Conditions, escalation rules
 // and Policy Guard rules may also select upstream resources and prompts
 // (resources, prompts), and requires_human_approval covers their accesses
 // too (docs/design.md, "Resources and prompts").

@@ -1,7 +1,7 @@
 // Package policy loads, validates and describes the policy bundle: a folder of
 // YAML files whose documents (Tool, Agent, RuntimePolicy, Instance,
 // Principal, Role, ToolPolicy, Settings) are the seeds' configuration
-// (DESIGN.md §1). Loading is strict (an unknown field or kind is an error
+// (docs/design.md, "Vocabulary"). Loading is strict (an unknown field or kind is an error
 // naming file, line and field path) and has no side effects; Validate
 // separates errors, which stop a bundle, from warnings, which do not.
 // Package authz compiles a valid bundle into the snapshot decisions use.

@@ -1,5 +1,5 @@
 // Package toolid holds the canonical tool id syntax and the mapping from a
-// called function name to its id (Synedrix "Tool ID convention", DESIGN.md §1).
+// called function name to its id (Synedrix "Tool ID convention", docs/design.md, "Vocabulary").
 //
 // A canonical id is "tool:" followed by parts of [a-z0-9], joined by "-":
 // "tool:supabase-write". A function name maps to its id by replacing "_" and

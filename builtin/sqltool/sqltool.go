@@ -4,8 +4,8 @@
 //
 // The point of the package is that sql.query can say, before it runs, every
 // table and view a query reads, found by the database's own machinery rather
-// than by matching strings, so the gateway can check a grant on each (DESIGN.md
-// §2, check 8):
+// than by matching strings, so the gateway can check a grant on each
+// (docs/design.md, "The decision", check 8):
 //
 //   - SQLite: the statement is prepared under SQLite's authorizer callback,
 //     which reports each table and view read (views, and CTE and subquery

@@ -1,5 +1,5 @@
 // Package postgres is toolgate's shared store for several gateway replicas
-// (DESIGN.md §5): the audit chain and the approvals in PostgreSQL, through
+// (docs/design.md, "State and scale"): the audit chain and the approvals in PostgreSQL, through
 // pgx/v5. Appends to the chain are serialized across processes by a row
 // lock on the head row (SELECT … FOR UPDATE), approvals are consumed with a
 // single guarded UPDATE … RETURNING, and a decision made on one replica

@@ -1,10 +1,10 @@
 // Package sqlite is toolgate's embedded store: the audit chain and the
 // approvals in one SQLite file under the data folder, with no server to run
-// (DESIGN.md §5). It uses modernc.org/sqlite (pure Go, driver "sqlite").
+// (docs/design.md, "State and scale"). It uses modernc.org/sqlite (pure Go, driver "sqlite").
 //
 // The file is opened in WAL mode with synchronous=FULL: in WAL mode,
 // NORMAL skips the fsync at commit (it syncs only at checkpoints), so a
-// committed transaction can be lost on power failure. DESIGN.md §4 requires
+// committed transaction can be lost on power failure. docs/design.md, "What the audit log promises" requires
 // the allow record to be durable before the tool runs, so every commit
 // fsyncs the WAL; audit.Recorder's group commit is what keeps that cheap.
 //
