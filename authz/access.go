@@ -612,26 +612,7 @@ func (e *accessEval) condVars() *cond.Vars {
 	return v
 }
 
-func (e *accessEval) anyHolds(gs []grantC) (bool, error) {
-	var lastErr error
-	for _, g := range gs {
-		ok := true
-		for _, p := range g.conds {
-			v, err := p.Eval(e.condVars())
-			if err != nil {
-				lastErr = err
-			}
-			if !v {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			return true, nil
-		}
-	}
-	return false, lastErr
-}
+func (e *accessEval) anyHolds(gs []grantC) (bool, error) { return anyGrantHolds(gs, e.condVars) }
 
 // checkConditions: grant conditions (when every covering grant has one)
 // and the conditions of applicable tool policies that select the access.

@@ -497,12 +497,18 @@ func (e *eval) condVars() *cond.Vars {
 
 // anyHolds reports whether some grant's conditions all hold; err is the
 // last evaluation error.
-func (e *eval) anyHolds(gs []grantC) (bool, error) {
+func (e *eval) anyHolds(gs []grantC) (bool, error) { return anyGrantHolds(gs, e.condVars) }
+
+// anyGrantHolds reports whether some grant of gs has every condition hold
+// for the variables vars returns (asked only when a condition is
+// evaluated); err is the last evaluation error. Calls and accesses share
+// it.
+func anyGrantHolds(gs []grantC, vars func() *cond.Vars) (bool, error) {
 	var lastErr error
 	for _, g := range gs {
 		ok := true
 		for _, p := range g.conds {
-			v, err := p.Eval(e.condVars())
+			v, err := p.Eval(vars())
 			if err != nil {
 				lastErr = err
 			}
