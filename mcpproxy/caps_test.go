@@ -447,7 +447,9 @@ func TestMirrorsKeepTheirOwner(t *testing.T) {
 
 	// docs announces again (a new tool: list_changed).
 	up.srv.AddTool(&mcp.Tool{Name: "search", InputSchema: map[string]any{"type": "object"}},
-		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) { return &mcp.CallToolResult{}, nil })
+		func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+			return &mcp.CallToolResult{}, nil
+		})
 	waitFor(t, "docs's new tool mirrored", func() bool { _, ok := p.lookup("fs_search"); return ok })
 	if m, _ := p.lookup("fs_read"); m.builtin != "fs.read" {
 		t.Errorf("fs_read belongs to %s (%s) after docs announced again, want the built-in fs.read", m.owner(), m.id)

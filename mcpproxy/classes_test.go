@@ -89,10 +89,11 @@ func TestSetLevelReachesOnlyReachableUpstreams(t *testing.T) {
 	}
 }
 
-// TestSessionCaps (issue 7, finding 14): one credential holds at most
-// MaxSessionsPerAuthority sessions (a new one closes its own longest-idle
-// session; with none idle it is refused, 429), and all together at most
-// MaxSessions (503); another credential's sessions are never closed.
+// TestSessionCaps (issue 7, finding 14): one authority (here: one key of
+// one principal and agent) holds at most MaxSessionsPerAuthority sessions
+// (a new one closes its own longest-idle session; with none idle it is
+// refused, 429), and all together at most MaxSessions (503); another
+// authority's sessions are never closed.
 func TestSessionCaps(t *testing.T) {
 	up := startGoUpstream(t, "docs", upstreamOpts{tools: []string{"find"}})
 	bundle := multiBundle([]*goUpstream{up}, []agentSpec{

@@ -25,7 +25,9 @@ package mcpproxy
 //     longest literal prefix, ties refused, else the sole upstream with
 //     resources), never where the SDK's own matching would send them. The
 //     owner of a URI is subscribed once however many clients subscribe, and
-//     unsubscribed when the last one leaves. An upstream's
+//     unsubscribed when the last one leaves; the subscriptions of a
+//     session, of an authority and of all clients are capped
+//     (subscriptions.go). An upstream's
 //     notifications/resources/updated reaches only the clients subscribed
 //     to that URI.
 //   - logging/setLevel is answered by the SDK for the calling session. On
