@@ -673,10 +673,15 @@ func (p *Proxy) SetTools(upstreamName, prefix string, tools []*mcp.Tool, accepte
 		if err := p.addTool(mt); err != nil {
 			p.log.Warn("upstream tool refused", "upstream", upstreamName, "tool", t.Name, "err", err)
 			p.mu.Lock()
-			if cur, ok := p.mirrors[name]; ok && cur.upstream == upstreamName && cur.builtin == "" {
+			cur, ok := p.mirrors[name]
+			mine := ok && cur.upstream == upstreamName && cur.builtin == ""
+			if mine {
 				delete(p.mirrors, name)
 			}
 			p.mu.Unlock()
+			if mine {
+				p.server.RemoveTools(name) // an earlier definition of it, if any
+			}
 			continue
 		}
 	}
@@ -768,10 +773,15 @@ func (p *Proxy) SetBuiltins(tools gate.Builtins) {
 		if err := p.addTool(defs[name]); err != nil {
 			p.log.Warn("built-in tool refused", "tool", name, "err", err)
 			p.mu.Lock()
-			if cur, ok := p.mirrors[name]; ok && cur.builtin != "" {
+			cur, ok := p.mirrors[name]
+			mine := ok && cur.builtin != ""
+			if mine {
 				delete(p.mirrors, name)
 			}
 			p.mu.Unlock()
+			if mine {
+				p.server.RemoveTools(name) // what it replaced, if anything
+			}
 		}
 	}
 	p.lists.changed()
