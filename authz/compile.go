@@ -61,7 +61,12 @@ func AnnouncedClass(claimed toolgate.SideEffectClass, docClass toolgate.SideEffe
 // announced id that a Tool document declares with another source (a
 // built-in, an HTTP endpoint, an A2A agent, or another upstream) is refused,
 // never merged into that tool (docs/design.md, "Identifiers must be
-// injective"). Compile applies it too.
+// injective"); and so is an announced tool whose model-visible Name is a
+// spelling of another tool's id (a Tool document's, a control-flow tool's,
+// or another tool the same upstream announces: tool_prefix "sql_" and
+// "query" make sql_query, the name of the built-in tool:sql-query), which
+// would shadow that tool's mirror and make its calls ambiguous. Compile
+// applies it too.
 func CheckAnnounced(b *policy.Bundle, announced []AnnouncedTool) (ok []AnnouncedTool, problems []string) {
 	docs := map[string]*policy.Tool{}
 	controlFlow := map[string]bool{}
@@ -75,7 +80,28 @@ func CheckAnnounced(b *policy.Bundle, announced []AnnouncedTool) (ok []Announced
 			}
 		}
 	}
+	ownIDs := map[string]string{} // announced id → its upstream
 	for _, a := range announced {
+		ownIDs[a.ID] = a.MCPServer
+	}
+	for _, a := range announced {
+		// The name the model sees must name this tool and no other: a
+		// name whose spelling maps to another tool's id (tool_prefix
+		// "sql_" and an announced "query" make sql_query, a built-in's
+		// model-facing name) would shadow that tool in tools/list and
+		// make its calls ambiguous.
+		if mapped, err := toolid.Map(a.Name); a.Name != "" && err == nil && mapped != a.ID {
+			if other := docs[mapped]; other != nil || controlFlow[mapped] {
+				problems = append(problems, fmt.Sprintf("upstream %s announced a tool the model would see as %q, which is the name of %s (%s); the upstream's tool is refused (change the upstream's tool_prefix)",
+					a.MCPServer, a.Name, mapped, declaredAs(other, controlFlow[mapped])))
+				continue
+			}
+			if ownIDs[mapped] == a.MCPServer {
+				problems = append(problems, fmt.Sprintf("upstream %s announced a tool the model would see as %q, which is the name of its own tool %s; the tool is refused (change the upstream's tool_prefix)",
+					a.MCPServer, a.Name, mapped))
+				continue
+			}
+		}
 		d := docs[a.ID]
 		if d == nil {
 			ok = append(ok, a)
@@ -101,6 +127,23 @@ func CheckAnnounced(b *policy.Bundle, announced []AnnouncedTool) (ok []Announced
 		}
 	}
 	return ok, problems
+}
+
+// declaredAs says what the bundle declares a tool as, for CheckAnnounced.
+func declaredAs(d *policy.Tool, controlFlow bool) string {
+	switch {
+	case d == nil || controlFlow || d.ControlFlow:
+		return "a control-flow tool"
+	case d.Source.Builtin != "":
+		return "the built-in tool " + d.Source.Builtin
+	case d.Source.HTTP != "":
+		return "an HTTP tool"
+	case d.A2AAgent != "":
+		return "A2A agent " + d.A2AAgent
+	case d.Source.MCPServer != "":
+		return "a tool of upstream " + d.Source.MCPServer
+	}
+	return "a tool the bundle declares"
 }
 
 // Options are compile options; nil means none.

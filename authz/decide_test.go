@@ -634,8 +634,10 @@ const announcedBundle = `
 `
 
 var announced = []authz.AnnouncedTool{
-	{ID: "tool:gh-create", Name: "github_create_issue", MCPServer: "gh", SideEffectClass: toolgate.SideEffectWrite},
+	{ID: "tool:gh-create", Name: "gh_create", MCPServer: "gh", SideEffectClass: toolgate.SideEffectWrite},
 	{ID: "tool:gh-search", Name: "GitHub_Search", MCPServer: "gh", SideEffectClass: toolgate.SideEffectRead},
+	// Its name spells the catalog tool's id: refused (CheckAnnounced).
+	{ID: "tool:gh-issue", Name: "github_create_issue", MCPServer: "gh", SideEffectClass: toolgate.SideEffectWrite},
 }
 
 func TestDecideAnnouncedAliases(t *testing.T) {
@@ -645,7 +647,8 @@ func TestDecideAnnouncedAliases(t *testing.T) {
 		return toolgate.Call{AgentID: "dev", Principal: "user:p", Tool: tool, Args: args()}
 	}
 	runDecideCases(t, snap, []decideCase{
-		{"an alias that is another tool's function name is ambiguous", call("github_create_issue"), deny(toolgate.CodeAmbiguousToolName, toolgate.LayerComposition, ""), []string{"tool:gh-create", "tool:github-create-issue"}},
+		{"an announced name that is another tool's function name stays that tool's", call("github_create_issue"), allow("tool:github-create-issue"), nil},
+		{"the announcement that took it is refused", call("tool:gh-issue"), deny(toolgate.CodeUnknownTool, toolgate.LayerComposition, "tool:gh-issue"), nil},
 		{"the catalog tool by its canonical id", call("tool:github-create-issue"), allow("tool:github-create-issue"), nil},
 		{"the announced tool by its canonical id", call("tool:gh-create"), allow("tool:gh-create"), nil},
 		{"the announced tool by its function name", call("gh_create"), allow("tool:gh-create"), nil},
@@ -656,6 +659,16 @@ func TestDecideAnnouncedAliases(t *testing.T) {
 	if tl, ok := snap.Tool("tool:gh-search"); !ok || tl.MCPServer != "gh" || tl.Name != "GitHub_Search" {
 		t.Errorf("Tool(tool:gh-search) = %+v, %v", tl, ok)
 	}
+
+	// Another upstream's name that spells gh's id (validation refuses such
+	// a tool_prefix; CheckAnnounced sees one upstream at a time): the
+	// call by that name is ambiguous, never one of the two.
+	across := snapshotOf(t, announcedBundle, &authz.Options{Announced: append(slices.Clone(announced),
+		authz.AnnouncedTool{ID: "tool:hub-make", Name: "gh_create", MCPServer: "hub", SideEffectClass: toolgate.SideEffectWrite}),
+		ValidateOptions: &policy.ValidateOptions{UpstreamProviders: map[string]bool{"gh": true, "hub": true}}})
+	runDecideCases(t, across, []decideCase{
+		{"a name of two tools is ambiguous", call("gh_create"), deny(toolgate.CodeAmbiguousToolName, toolgate.LayerComposition, ""), []string{"tool:gh-create", "tool:hub-make"}},
+	})
 }
 
 func TestCompileRefusesBadAnnouncements(t *testing.T) {

@@ -89,10 +89,11 @@ func TestSetLevelReachesOnlyReachableUpstreams(t *testing.T) {
 	}
 }
 
-// TestSessionCaps (issue 7, finding 14): one credential holds at most
-// MaxSessionsPerCredential sessions (a new one closes its own longest-idle
-// session; with none idle it is refused, 429), and all together at most
-// MaxSessions (503); another credential's sessions are never closed.
+// TestSessionCaps (issue 7, finding 14): one authority (here: one key of
+// one principal and agent) holds at most MaxSessionsPerAuthority sessions
+// (a new one closes its own longest-idle session; with none idle it is
+// refused, 429), and all together at most MaxSessions (503); another
+// authority's sessions are never closed.
 func TestSessionCaps(t *testing.T) {
 	up := startGoUpstream(t, "docs", upstreamOpts{tools: []string{"find"}})
 	bundle := multiBundle([]*goUpstream{up}, []agentSpec{
@@ -106,14 +107,17 @@ func TestSessionCaps(t *testing.T) {
 	}
 
 	t.Run("per credential", func(t *testing.T) {
-		url, p := serveProxyEnv(t, bundle, proxyEnv{opts: &Options{MaxSessionsPerCredential: 3, MaxSessions: 100}})
+		url, p := serveProxyEnv(t, bundle, proxyEnv{opts: &Options{MaxSessionsPerAuthority: 3, MaxSessions: 100}})
 		b := openRaw(t, url, "key-b")
 		var a []string
 		for i := 0; i < 40; i++ {
 			a = append(a, openRaw(t, url, "key-a"))
 			time.Sleep(2 * time.Millisecond) // distinct idle times
 		}
-		waitFor(t, "key-a down to 3 sessions", func() bool { _, by := p.Sessions(); return by[credentialKey("Bearer key-a")] == 3 })
+		waitFor(t, "key-a down to 3 sessions", func() bool {
+			_, by := p.Sessions()
+			return by[authorityKey(gate.Identity{Principal: "user:t", AgentID: "a"})] == 3
+		})
 		for i, sid := range a[:37] {
 			if alive(url, "key-a", sid) {
 				t.Errorf("session %d of 40 of key-a is still open; only the 3 newest should be", i)
@@ -149,7 +153,7 @@ func TestSessionCaps(t *testing.T) {
 	})
 
 	t.Run("total", func(t *testing.T) {
-		url, _ := serveProxyEnv(t, bundle, proxyEnv{opts: &Options{MaxSessionsPerCredential: 10, MaxSessions: 4}})
+		url, _ := serveProxyEnv(t, bundle, proxyEnv{opts: &Options{MaxSessionsPerAuthority: 10, MaxSessions: 4}})
 		var all []string
 		for i := 0; i < 3; i++ {
 			all = append(all, openRaw(t, url, "key-a"))

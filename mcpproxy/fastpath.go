@@ -64,7 +64,7 @@ type fastState struct {
 	calls    map[callKey]context.CancelFunc
 	reaped   time.Time
 	// admitting counts the initialize requests admitted and not yet done,
-	// by credential key and in total (sessions.go).
+	// by authority key and in total (sessions.go).
 	admitting      map[string]int
 	admittingTotal int
 }
@@ -75,6 +75,9 @@ type clientSession struct {
 	// cred is the credential the session is bound to ("" without one):
 	// the same key the SDK binds it with (auth.TokenInfo.UserID).
 	cred string
+	// authority is the key the session caps count it under: the
+	// principal and agent of its identity (authorityKey).
+	authority string
 	// ready is set once the session has made a request other than
 	// initialize through the SDK (the handshake is done).
 	ready bool
@@ -129,21 +132,25 @@ func (p *Proxy) remember(req mcp.Request, method string) {
 	if !ok || ss == nil || ss.ID() == "" {
 		return
 	}
-	cred := ""
+	cred, authority := "", "unidentified"
 	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
 		cred = extra.TokenInfo.UserID
+		if id, ok := extra.TokenInfo.Extra[identityExtraKey].(gate.Identity); ok {
+			authority = authorityKey(id)
+		}
 	}
 	f := p.fast
 	f.mu.Lock()
 	cs := f.sessions[ss.ID()]
 	if cs == nil {
-		cs = &clientSession{ss: ss, cred: cred}
+		cs = &clientSession{ss: ss, cred: cred, authority: authority}
 		f.sessions[ss.ID()] = cs
 		go func(id string) {
 			ss.Wait()
 			f.mu.Lock()
 			delete(f.sessions, id)
 			f.mu.Unlock()
+			p.relay.sessionClosed(ss) // its subscriptions' slots, at once
 		}(ss.ID())
 	}
 	// The SDK serves requests other than initialize and ping only once

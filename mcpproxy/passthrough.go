@@ -29,8 +29,10 @@ package mcpproxy
 //     it, and forwards it here to exactly that owner, never where the SDK's
 //     own matching would send it. The owner of a URI is subscribed once
 //     however many clients subscribe, and unsubscribed when the last one
-//     leaves. An upstream's notifications/resources/updated reaches only
-//     the clients subscribed to that URI.
+//     leaves; the subscriptions of a session, of an authority and of all
+//     clients are capped (subscriptions.go). An upstream's
+//     notifications/resources/updated reaches only the clients subscribed
+//     to that URI.
 //   - logging/setLevel is answered by the SDK for the calling session. On
 //     each upstream that declares logging the gateway sets the most verbose
 //     level asked for by the connected clients that may reach that
@@ -216,6 +218,11 @@ type relay struct {
 	promptDef    map[string]*mcp.Prompt
 	elicits      map[string]*mcp.ServerSession // URL elicitation id → session asked
 	outboxes     map[*mcp.ServerSession]*outbox
+	// counts counts the members of subs for the subscription caps
+	// (subscriptions.go).
+	counts subCounts
+	// sdk is the SDK's own method handler (captureSDK), set once at New.
+	sdk mcp.MethodHandler
 }
 
 // upState is what the relay knows of one upstream.
@@ -1017,13 +1024,18 @@ func (r *relay) soleResourceUpstream() (string, bool) {
 }
 
 // subscribe subscribes the owner of the URI once, for the first client
-// session that subscribes to it. The owner is the one passThrough resolved
-// and checked (in ctx); without one the request is refused.
+// session that subscribes to it, within the subscription caps
+// (subscriptions.go). The owner is the one passThrough resolved and
+// checked (in ctx); without one the request is refused.
 func (r *relay) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error {
 	uri := req.Params.URI
 	name, ok := ctx.Value(ownerKey{}).(string)
 	if !ok || name == "" {
 		return unguarded("resources/subscribe")
+	}
+	id, err := r.p.identify(req)
+	if err != nil {
+		return &jsonrpc.Error{Code: jsonrpc.CodeInvalidRequest, Message: err.Error()}
 	}
 	r.pruneSessions()
 	r.mu.Lock()
@@ -1033,12 +1045,21 @@ func (r *relay) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error 
 		return &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("resources/subscribe: upstream %s does not support resource subscriptions", name)}
 	}
 	s := r.subs[uri]
+	if s != nil && s.sessions[req.Session] {
+		r.mu.Unlock()
+		return nil // held already: costs nothing more
+	}
+	if err := r.subscriptionCapLocked(req.Session, authorityKey(id)); err != nil {
+		r.mu.Unlock()
+		return err
+	}
 	first := s == nil || len(s.sessions) == 0
 	if s == nil {
 		s = &subscription{upstream: name, sessions: map[*mcp.ServerSession]bool{}}
 		r.subs[uri] = s
 	}
 	s.sessions[req.Session] = true
+	r.counts.add(req.Session, authorityKey(id))
 	r.mu.Unlock()
 	if !first {
 		return nil
@@ -1052,7 +1073,13 @@ func (r *relay) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error 
 	}
 	if err != nil {
 		r.mu.Lock()
-		delete(s.sessions, req.Session)
+		if s.sessions[req.Session] {
+			delete(s.sessions, req.Session)
+			r.counts.remove(req.Session)
+		}
+		if len(s.sessions) == 0 && r.subs[uri] == s {
+			delete(r.subs, uri)
+		}
 		r.mu.Unlock()
 		return r.upstreamError(name, "resources/subscribe", err)
 	}
@@ -1062,12 +1089,17 @@ func (r *relay) subscribe(ctx context.Context, req *mcp.SubscribeRequest) error 
 // unsubscribe removes the session and unsubscribes the upstream when no
 // session is left.
 func (r *relay) unsubscribe(ctx context.Context, req *mcp.UnsubscribeRequest) error {
+	if ctx.Value(cleanupKey{}) != nil {
+		return nil // the gateway's own cleanup of the SDK's record (forgetSDK)
+	}
 	r.pruneSessions()
 	r.mu.Lock()
 	s := r.subs[req.Params.URI]
-	last := s != nil && s.sessions[req.Session] && len(s.sessions) == 1
-	if s != nil {
+	held := s != nil && s.sessions[req.Session]
+	last := held && len(s.sessions) == 1
+	if held {
 		delete(s.sessions, req.Session)
+		r.counts.remove(req.Session)
 	}
 	r.mu.Unlock()
 	if last {
@@ -1097,14 +1129,13 @@ func (r *relay) unsubscribeUpstream(ctx context.Context, name, uri string) {
 }
 
 // pruneSessions forgets the state of client sessions that have closed, and
-// unsubscribes upstreams from URIs nobody watches any more.
+// unsubscribes upstreams from URIs nobody watches any more (sessionClosed
+// does it at once for each session; this catches what raced with it).
 func (r *relay) pruneSessions() {
 	live := map[*mcp.ServerSession]bool{}
 	for ss := range r.p.server.Sessions() {
 		live[ss] = true
 	}
-	type unsub struct{ name, uri string }
-	var drop []unsub
 	r.mu.Lock()
 	for ss := range r.levels {
 		if !live[ss] {
@@ -1116,20 +1147,17 @@ func (r *relay) pruneSessions() {
 			delete(r.elicits, id)
 		}
 	}
-	for uri, s := range r.subs {
-		before := len(s.sessions)
-		for ss := range s.sessions {
-			if !live[ss] {
-				delete(s.sessions, ss)
-			}
-		}
-		if before > 0 && len(s.sessions) == 0 {
-			drop = append(drop, unsub{s.upstream, uri})
+	dead := map[*mcp.ServerSession]bool{}
+	for ss := range r.counts.bySession {
+		if !live[ss] {
+			dead[ss] = true
 		}
 	}
+	drop, sdk := r.forgetLocked(dead)
 	r.mu.Unlock()
+	r.forgetSDK(sdk)
 	for _, d := range drop {
-		r.unsubscribeUpstream(context.Background(), d.name, d.uri)
+		r.unsubscribeUpstream(context.Background(), d.upstream, d.uri)
 	}
 }
 

@@ -62,13 +62,21 @@ type Options struct {
 	// SessionTimeout is how long a client session may stay idle before
 	// the gateway closes it; 0 means the default, SessionTimeout.
 	SessionTimeout time.Duration
-	// MaxSessionsPerCredential bounds the sessions one credential (one API
-	// key, one token; every anonymous client together) holds at a time;
-	// 0 means DefaultMaxSessionsPerCredential. See sessions.go.
-	MaxSessionsPerCredential int
+	// MaxSessionsPerAuthority bounds the sessions one principal and agent
+	// hold at a time, with all their credentials together (API keys,
+	// delegation tokens, JWTs; every anonymous client together); 0 means
+	// DefaultMaxSessionsPerAuthority. See sessions.go.
+	MaxSessionsPerAuthority int
 	// MaxSessions bounds the sessions of all clients together; 0 means
 	// DefaultMaxSessions.
 	MaxSessions int
+	// MaxSubscriptionsPerSession, MaxSubscriptionsPerAuthority and
+	// MaxSubscriptions bound the resource subscriptions of one client
+	// session, of one principal and agent (all their sessions together)
+	// and of all clients together; 0 means DefaultMaxSubscriptionsPerSession
+	// (256), DefaultMaxSubscriptionsPerAuthority (1024) and
+	// DefaultMaxSubscriptions (8192). See subscriptions.go.
+	MaxSubscriptionsPerSession, MaxSubscriptionsPerAuthority, MaxSubscriptions int
 	// PageSize is how many items one page of tools/list, resources/list,
 	// resources/templates/list or prompts/list holds; 0 means
 	// DefaultPageSize.
@@ -169,6 +177,7 @@ func New(g *gate.Gate, ups mcptool.Sessions, opts *Options) *Proxy {
 	}
 	p.relay.configure(so) // resources, prompts, completions, logging, subscriptions
 	p.server = mcp.NewServer(&mcp.Implementation{Name: "toolgate", Version: version}, so)
+	p.server.AddReceivingMiddleware(p.relay.captureSDK) // innermost: the SDK's own handler
 	p.server.AddReceivingMiddleware(p.middleware)
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return p.server },
 		&mcp.StreamableHTTPOptions{Logger: p.log}) // idle sessions: Proxy.begin
@@ -318,11 +327,10 @@ func (p *Proxy) guard(next http.Handler) http.Handler {
 				return
 			}
 			if sid == "" && env.Method != nil && *env.Method == "initialize" {
-				release, ok := p.admitSession(w.refuse("session_cap"), cred)
+				release, ok := p.admitSession(w, r, cred, ident)
 				if !ok {
 					return
 				}
-				w.reason = ""
 				defer release()
 			}
 			if sid != "" && p.serveFast(w, r, sid, env, ident) {
@@ -621,7 +629,9 @@ func withoutOwnMeta(meta mcp.Meta) mcp.Meta { return mcptool.WithoutOwnMeta(meta
 // SetTools mirrors an upstream's announced tools into the gateway's MCP
 // server (sending tools/list_changed to connected clients) under the names
 // the model sees. tools are the upstream's own definitions; accepted are
-// those Announced accepted.
+// those Announced accepted. A name already mirrored for a built-in tool or
+// another upstream is never taken over: the tool is skipped, logged with
+// both owners, and the existing mirror stays.
 func (p *Proxy) SetTools(upstreamName, prefix string, tools []*mcp.Tool, accepted []mcptool.AnnouncedTool) {
 	keep := map[string]mcptool.AnnouncedTool{}
 	for _, a := range accepted {
@@ -652,13 +662,30 @@ func (p *Proxy) SetTools(upstreamName, prefix string, tools []*mcp.Tool, accepte
 		if mt.InputSchema == nil {
 			mt.InputSchema = map[string]any{"type": "object"}
 		}
-		if err := p.addTool(mt); err != nil {
-			p.log.Warn("upstream tool refused", "upstream", upstreamName, "tool", t.Name, "err", err)
+		m := mirror{def: mt, upstream: upstreamName, name: t.Name, id: a.ID, typed: t.OutputSchema != nil}
+		p.mu.Lock()
+		if prev, taken := p.mirrors[name]; taken && (prev.builtin != "" || prev.upstream != upstreamName) {
+			p.mu.Unlock()
+			p.log.Warn("upstream tool skipped: its name is another tool's; that tool keeps it",
+				"name", name, "upstream", upstreamName, "tool", a.ID, "owner", prev.owner(), "owner_tool", prev.id)
 			continue
 		}
-		p.mu.Lock()
-		p.mirrors[name] = mirror{def: mt, upstream: upstreamName, name: t.Name, id: a.ID, typed: t.OutputSchema != nil}
+		p.mirrors[name] = m // claimed before it is registered: SetBuiltins sees it
 		p.mu.Unlock()
+		if err := p.addTool(mt); err != nil {
+			p.log.Warn("upstream tool refused", "upstream", upstreamName, "tool", t.Name, "err", err)
+			p.mu.Lock()
+			cur, ok := p.mirrors[name]
+			mine := ok && cur.upstream == upstreamName && cur.builtin == ""
+			if mine {
+				delete(p.mirrors, name)
+			}
+			p.mu.Unlock()
+			if mine {
+				p.server.RemoveTools(name) // an earlier definition of it, if any
+			}
+			continue
+		}
 	}
 	p.lists.changed()
 	// Refresh the upstream's mirrored resources and prompts (passthrough.go).
@@ -722,24 +749,51 @@ func (p *Proxy) SetBuiltins(tools gate.Builtins) {
 			delete(p.mirrors, name)
 		}
 	}
-	for name := range want {
-		if m, taken := p.mirrors[name]; taken && m.builtin == "" {
-			p.log.Warn("built-in tool name is taken by an upstream tool; the built-in tool is not offered", "name", name, "upstream", m.upstream)
-			delete(want, name)
+	snap := p.g.Snapshot()
+	for name, m := range want {
+		prev, taken := p.mirrors[name]
+		if taken && prev.builtin == "" {
+			// An upstream's mirror the catalog still holds keeps its name;
+			// one the catalog refused (authz.CheckAnnounced: its name
+			// spells this built-in's id) gives way.
+			if t, ok := snap.Tool(prev.id); ok && t.MCPServer == prev.upstream && t.Builtin == "" {
+				p.log.Warn("built-in tool name is taken by an upstream tool; the built-in tool is not offered",
+					"name", name, "tool", m.id, "owner", prev.owner(), "owner_tool", prev.id)
+				delete(want, name)
+				continue
+			}
+			p.log.Warn("upstream tool's mirror replaced by the built-in tool whose name it took (the catalog refused the upstream's tool)",
+				"name", name, "tool", m.id, "upstream", prev.upstream, "upstream_tool", prev.id)
 		}
+		p.mirrors[name] = m // claimed before it is registered: SetTools sees it
 	}
 	p.mu.Unlock()
 	if len(remove) > 0 {
 		p.server.RemoveTools(remove...)
 	}
-	for name, m := range want {
+	for name := range want {
 		if err := p.addTool(defs[name]); err != nil {
 			p.log.Warn("built-in tool refused", "tool", name, "err", err)
-			continue
+			p.mu.Lock()
+			cur, ok := p.mirrors[name]
+			mine := ok && cur.builtin != ""
+			if mine {
+				delete(p.mirrors, name)
+			}
+			p.mu.Unlock()
+			if mine {
+				p.server.RemoveTools(name) // what it replaced, if anything
+			}
 		}
-		p.mu.Lock()
-		p.mirrors[name] = m
-		p.mu.Unlock()
 	}
 	p.lists.changed()
+}
+
+// owner names who a mirror belongs to, for logs: "builtin fs.read" or
+// "upstream docs".
+func (m mirror) owner() string {
+	if m.builtin != "" {
+		return "builtin " + m.builtin
+	}
+	return "upstream " + m.upstream
 }

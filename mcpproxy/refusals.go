@@ -52,6 +52,9 @@ type refusalKey struct {
 	reason string // identity.AuthMissing..., or the refused method
 	source string // the client's IP address, or "other"
 	via    string // "mcp", "http", or "upstream:<name>"
+	// principal and agent name who was refused, where the refusal is
+	// about an authority (a session cap); "" otherwise.
+	principal, agent string
 }
 
 type refusalWindow struct {
@@ -140,13 +143,26 @@ func (rf *refusals) requestRefused(r *http.Request, via string, status int, reas
 	rf.note(refusalKey{event: toolgate.EventRequestRefused, reason: reason, source: sourceOf(r), via: fmt.Sprintf("%s %d", via, status)})
 }
 
+// sessionCapRefused records an initialize that a session cap refused
+// (sessions.go) with HTTP status and reason, for identity id: counted
+// like every request refused at the edge, and summarized per reason,
+// source and authority.
+func (rf *refusals) sessionCapRefused(r *http.Request, status int, reason string, id gate.Identity) {
+	rf.request.WithLabelValues(strconv.Itoa(status), reason).Inc()
+	k := refusalKey{event: toolgate.EventRequestRefused, reason: reason, source: sourceOf(r), via: fmt.Sprintf("mcp %d", status)}
+	if !id.Anonymous {
+		k.principal, k.agent = clipName(id.Principal), clipName(id.AgentID)
+	}
+	rf.note(k)
+}
+
 // note writes the first refusal of a window at once and counts the rest.
 func (rf *refusals) note(k refusalKey) {
 	now := time.Now()
 	rf.mu.Lock()
 	w := rf.open[k]
 	if w == nil && len(rf.open) >= maxRefusalKeys {
-		k.source = "other"
+		k.source, k.principal, k.agent = "other", "", ""
 		w = rf.open[k]
 	}
 	if w != nil {
@@ -206,6 +222,9 @@ func (rf *refusals) emit(k refusalKey, n int, first, last time.Time) {
 	case toolgate.EventRequestRefused:
 		what = "request refused"
 		msg = fmt.Sprintf("request refused on %s from %s: %s", k.via, k.source, k.reason)
+		if k.principal != "" {
+			msg += fmt.Sprintf(" (principal %s, agent %s)", k.principal, k.agent)
+		}
 	default:
 		what = "method refused"
 		msg = fmt.Sprintf("%s refused on %s from %s: the gateway does not serve or relay this method", k.reason, k.via, k.source)
@@ -213,8 +232,12 @@ func (rf *refusals) emit(k refusalKey, n int, first, last time.Time) {
 	if n > 1 {
 		msg = fmt.Sprintf("%s (%d times between %s and %s)", msg, n, first.UTC().Format(time.RFC3339Nano), last.UTC().Format(time.RFC3339Nano))
 	}
-	rf.log.Warn(what, "reason", k.reason, "source", k.source, "via", k.via, "count", n,
-		"first", first.UTC().Format(time.RFC3339Nano), "last", last.UTC().Format(time.RFC3339Nano))
+	attrs := []any{"reason", k.reason, "source", k.source, "via", k.via, "count", n,
+		"first", first.UTC().Format(time.RFC3339Nano), "last", last.UTC().Format(time.RFC3339Nano)}
+	if k.principal != "" {
+		attrs = append(attrs, "principal", k.principal, "agent_id", k.agent)
+	}
+	rf.log.Warn(what, attrs...)
 	if rf.record == nil {
 		return
 	}
@@ -225,9 +248,12 @@ func (rf *refusals) emit(k refusalKey, n int, first, last time.Time) {
 	if k.event == toolgate.EventRequestRefused {
 		code = "request_refused"
 	}
-	rf.record(gate.Refusal{Type: k.event, At: first, Code: code,
-		Reason: msg, Details: map[string]any{"reason": k.reason, "source": k.source, "via": k.via, "count": n,
-			"first": first.UTC().Format(time.RFC3339Nano), "last": last.UTC().Format(time.RFC3339Nano)}})
+	details := map[string]any{"reason": k.reason, "source": k.source, "via": k.via, "count": n,
+		"first": first.UTC().Format(time.RFC3339Nano), "last": last.UTC().Format(time.RFC3339Nano)}
+	if k.principal != "" {
+		details["principal"], details["agent_id"] = k.principal, k.agent
+	}
+	rf.record(gate.Refusal{Type: k.event, At: first, Code: code, Reason: msg, Details: details})
 }
 
 // statusWriter remembers the status of an answer, so that every request

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/toolgate/toolgate/toolid"
 )
 
 // Upstream is an MCP server the gateway fronts (kind: Upstream). Its tools
@@ -202,6 +204,55 @@ func (v *validator) sharedProviders() {
 		}
 		v.r.Warnf(t.Pos, "Tool %s %s, but its provider part %s is also an Upstream's name: a tool upstream %s announces as %q would have the same id; give one of them another name",
 			id, runs, prov, prov, strings.ReplaceAll(strings.TrimPrefix(id, "tool:"+prov+"-"), "-", "_"))
+	}
+}
+
+// prefixShadows warns about an upstream whose tool_prefix lets a tool it
+// announces take the name of a tool the bundle declares elsewhere (a
+// built-in, an HTTP or A2A tool, another upstream's tool): prefix "sql_"
+// and an announced "query" make sql_query, the model-facing name of
+// tool:sql-query. Such a tool is refused when it is announced
+// (authz.CheckAnnounced); the warning says so before. A tool under the
+// upstream's own provider part is left to sharedProviders.
+//
+// An upstream's tool_prefix that spells another upstream's provider part
+// (hub with tool_prefix "gh_" beside upstream gh) is an error: its tools'
+// names would read as that upstream's tool ids (hub's "create" as gh_create,
+// tool:gh-create), in calls, in grant and approval scopes that name a
+// tool, whether or not gh announces such a tool.
+func (v *validator) prefixShadows() {
+	for _, u := range v.b.Upstreams {
+		p := u.Prefix()
+		sep := strings.NewReplacer("_", "-", ".", "-").Replace(p)
+		for _, w := range v.b.Upstreams {
+			ns := w.Name + "-"
+			if w == u || w.Name == u.Name || p == "" || w.Prefix() == "" || nestedPrefix(p, w.Prefix()) ||
+				!(strings.HasPrefix(sep, ns) || (len(sep) < len(ns)-1 && strings.HasPrefix(ns, sep))) {
+				continue // the same upstream, or reported by upstreams as a clash of prefixes
+			}
+			v.r.Errorf(u.Pos, "Upstream %s: tool_prefix %q spells the provider part of upstream %s, so the names of its tools would read as %s's tool ids (tool:%s...); choose a tool_prefix that does not start with %q, %q or %q",
+				u.Name, p, w.Name, w.Name, ns, w.Name+"_", w.Name+".", w.Name+"-")
+		}
+		for _, t := range v.b.Tools {
+			id := ToolIDOf(t)
+			body, ok := strings.CutPrefix(id, toolid.Prefix)
+			if !ok || t.Source.MCPServer == u.Name || provider(id) == u.Name {
+				continue
+			}
+			rest, ok := strings.CutPrefix(body, sep)
+			if !ok || rest == "" {
+				continue
+			}
+			rest = strings.ReplaceAll(rest, "-", "_")
+			if _, err := toolid.Map(rest); err != nil {
+				continue // no name an upstream may announce (mcptool.Announced)
+			}
+			if mapped, err := toolid.Map(p + rest); err != nil || mapped != id {
+				continue
+			}
+			v.r.Warnf(u.Pos, "Upstream %s: with tool_prefix %q, a tool it announces as %q would reach the model as %s, a name of Tool %s; such a tool is refused when announced: choose a tool_prefix no declared tool's name starts with",
+				u.Name, p, rest, p+rest, id)
+		}
 	}
 }
 

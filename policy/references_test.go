@@ -261,6 +261,45 @@ var referenceCases = []validateCase{
 - {kind: Upstream, name: fs, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
 - {kind: Tool, tool_id: tool:fs-read, side_effect_class: read, source: {builtin: fs.read}}   # want warning "Tool tool:fs-read is the built-in tool fs.read, but its provider part fs is also an Upstream's name: a tool upstream fs announces as \"read\" would have the same id"
 `)},
+	// Class "identifiers must be injective": a tool_prefix that makes an
+	// upstream's tool names spell another tool's id (review of issue 7,
+	// N10).
+	{name: "a tool prefix that makes a built-in's model-facing name", files: one("u.yaml", `
+- {kind: Upstream, name: docs, transport: streamable-http, url: "http://127.0.0.1:1/mcp", tool_prefix: fs_}   # want warning "Upstream docs: with tool_prefix \"fs_\", a tool it announces as \"search\" would reach the model as fs_search, a name of Tool tool:fs-search"
+- {kind: Tool, name: fs.search, side_effect_class: read, source: {builtin: fs.search}}
+`)},
+	{name: "a dotted tool prefix that spells a built-in's id", files: one("u.yaml", `
+- {kind: Upstream, name: docs, transport: streamable-http, url: "http://127.0.0.1:1/mcp", tool_prefix: fs.}   # want warning "a tool it announces as \"read\" would reach the model as fs.read, a name of Tool tool:fs-read"
+- {kind: Tool, tool_id: tool:fs-read, side_effect_class: read, source: {builtin: fs.read}}
+`)},
+	{name: "a tool prefix cut inside a built-in's name", files: one("u.yaml", `
+- {kind: Upstream, name: docs, transport: streamable-http, url: "http://127.0.0.1:1/mcp", tool_prefix: f}   # want warning "a tool it announces as \"s_search\" would reach the model as fs_search"
+- {kind: Tool, name: fs.search, side_effect_class: read, source: {builtin: fs.search}}
+`)},
+	{name: "a tool prefix that makes an HTTP tool's name", files: one("u.yaml", `
+- {kind: Upstream, name: docs, transport: streamable-http, url: "http://127.0.0.1:1/mcp", tool_prefix: crm_}   # want warning "a tool it announces as \"create_lead\" would reach the model as crm_create_lead, a name of Tool tool:crm-create-lead"
+- {kind: Tool, tool_id: tool:crm-create-lead, side_effect_class: write, source: {http: "https://crm.example.test/leads"}}
+`)},
+	{name: "a tool prefix ending where a separator would be needed", clean: true, files: one("u.yaml", `
+- {kind: Upstream, name: docs, transport: streamable-http, url: "http://127.0.0.1:1/mcp", tool_prefix: fs}
+- {kind: Tool, name: fs.search, side_effect_class: read, source: {builtin: fs.search}}
+`)},
+	{name: "a tool prefix that spells another upstream's provider part", files: one("u.yaml", `
+- {kind: Upstream, name: gh, transport: streamable-http, url: "http://127.0.0.1:1/mcp", tool_prefix: github_}
+- {kind: Upstream, name: hub, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: gh_}   # want error "Upstream hub: tool_prefix \"gh_\" spells the provider part of upstream gh"
+`)},
+	{name: "a short tool prefix that starts another upstream's provider part", files: one("u.yaml", `
+- {kind: Upstream, name: gh, transport: streamable-http, url: "http://127.0.0.1:1/mcp", tool_prefix: octo_}
+- {kind: Upstream, name: hub, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: g}   # want error "Upstream hub: tool_prefix \"g\" spells the provider part of upstream gh"
+`)},
+	{name: "a tool prefix that only resembles another upstream's name", clean: true, files: one("u.yaml", `
+- {kind: Upstream, name: gh, transport: streamable-http, url: "http://127.0.0.1:1/mcp", tool_prefix: github_}
+- {kind: Upstream, name: hub, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: ghx_}
+`)},
+	{name: "a tool prefix that is another upstream's name without a separator", clean: true, files: one("u.yaml", `
+- {kind: Upstream, name: gh, transport: streamable-http, url: "http://127.0.0.1:1/mcp", tool_prefix: octo_}
+- {kind: Upstream, name: hub, transport: streamable-http, url: "http://127.0.0.1:2/mcp", tool_prefix: gh}
+`)},
 	{name: "a Tool refining an upstream's tool", clean: true, files: one("u.yaml", `
 - {kind: Upstream, name: fs, transport: streamable-http, url: "http://127.0.0.1:1/mcp"}
 - {kind: Tool, tool_id: tool:fs-write-file, side_effect_class: write, source: {mcp_server: fs}}

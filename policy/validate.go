@@ -130,6 +130,7 @@ func (b *Bundle) Validate(opts *ValidateOptions) *Report {
 	v.settings()
 	v.upstreams()
 	v.sharedProviders()
+	v.prefixShadows()
 	v.credentials()
 	v.databases()
 	v.identitySettings()
